@@ -1,0 +1,226 @@
+"""Byte-level DFAs: subset construction, trimming and minimisation.
+
+A :class:`Dfa` has a dense ``(states, 256)`` int32 transition table (``-1`` is the dead state)
+so that walking many tokens at once is a numpy gather, plus per-state call edges inherited
+from the NFA (a call is treated as one more input symbol while determinising).
+
+Determinisation is bounded by ``state_limit``: ``(a|b)*a(a|b){20}`` needs 2^21 states, and
+the limit turns that into an :class:`AutomatonLimitError` after at most ``state_limit`` states
+of work instead of a hang or an out-of-memory.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from formline.automata.nfa import AutomatonLimitError, Nfa
+
+DEFAULT_DFA_STATE_LIMIT = 20_000
+
+
+@dataclass
+class Dfa:
+    """A deterministic automaton over bytes with call edges. State 0 is the start."""
+
+    transitions: np.ndarray  # int32 (states, 256); -1 = no transition
+    accepting: np.ndarray  # bool (states,)
+    calls: list[list[tuple[str, int]]] = field(default_factory=list)
+
+    @property
+    def size(self) -> int:
+        return int(self.transitions.shape[0])
+
+    def matches(self, data: bytes) -> bool:
+        """Whether the DFA (ignoring call edges) accepts ``data`` whole. Costs O(len(data))."""
+        state = 0
+        for byte in data:
+            state = int(self.transitions[state, byte])
+            if state < 0:
+                return False
+        return bool(self.accepting[state])
+
+
+def _byte_classes(nfa: Nfa) -> np.ndarray:
+    """Map each byte to an equivalence class: bytes no edge tells apart share a class."""
+    boundaries = {0, 256}
+    for edges in nfa.byte_edges:
+        for ranges, _ in edges:
+            for low, high in ranges:
+                boundaries.add(low)
+                boundaries.add(high + 1)
+    classes = np.zeros(256, dtype=np.int32)
+    for index, boundary in enumerate(sorted(boundaries)[:-1]):
+        classes[boundary:] = index
+    return classes
+
+
+def _epsilon_closure(nfa: Nfa, states: set[int]) -> frozenset[int]:
+    pending = list(states)
+    seen = set(states)
+    while pending:
+        for target in nfa.epsilon_edges[pending.pop()]:
+            if target not in seen:
+                seen.add(target)
+                pending.append(target)
+    return frozenset(seen)
+
+
+def determinize(nfa: Nfa, state_limit: int = DEFAULT_DFA_STATE_LIMIT) -> Dfa:
+    """Subset construction over byte classes and call symbols.
+
+    Raises:
+        AutomatonLimitError: more than ``state_limit`` DFA states would be needed.
+    Costs O(DFA states x NFA states per subset x byte classes).
+    """
+    classes = _byte_classes(nfa)
+    class_count = int(classes.max()) + 1
+    moves: list[list[tuple[list[int], int]]] = []
+    for edges in nfa.byte_edges:
+        state_moves = []
+        for ranges, target in edges:
+            covered = sorted(
+                {int(c) for low, high in ranges for c in np.unique(classes[low : high + 1])}
+            )
+            state_moves.append((covered, target))
+        moves.append(state_moves)
+    start = _epsilon_closure(nfa, {nfa.start})
+    index_of = {start: 0}
+    subsets = [start]
+    rows: list[list[int]] = []
+    calls: list[list[tuple[str, int]]] = []
+    cursor = 0
+    while cursor < len(subsets):
+        subset = subsets[cursor]
+        cursor += 1
+        by_class: dict[int, set[int]] = defaultdict(set)
+        by_rule: dict[str, set[int]] = defaultdict(set)
+        for state in subset:
+            for covered, target in moves[state]:
+                for class_index in covered:
+                    by_class[class_index].add(target)
+            for rule, target in nfa.call_edges[state]:
+                by_rule[rule].add(target)
+
+        def intern(targets: set[int]) -> int:
+            closure = _epsilon_closure(nfa, targets)
+            found = index_of.get(closure)
+            if found is None:
+                if len(subsets) >= state_limit:
+                    raise AutomatonLimitError(
+                        f"the automaton needs more than {state_limit} DFA states "
+                        "(a pattern such as (a|b)*a(a|b){20} grows exponentially)"
+                    )
+                found = index_of[closure] = len(subsets)
+                subsets.append(closure)
+            return found
+
+        row = [-1] * class_count
+        for class_index, targets in by_class.items():
+            row[class_index] = intern(targets)
+        rows.append(row)
+        calls.append([(rule, intern(targets)) for rule, targets in sorted(by_rule.items())])
+    class_table = np.array(rows, dtype=np.int32).reshape(len(rows), class_count)
+    transitions = np.ascontiguousarray(class_table[:, classes])
+    accepting = np.array([nfa.accept in subset for subset in subsets], dtype=bool)
+    return Dfa(transitions, accepting, calls)
+
+
+def trim(dfa: Dfa, productive_rules: set[str]) -> Dfa | None:
+    """Drop states that cannot reach acceptance and calls to unproductive rules.
+
+    Returns ``None`` when the start state itself is dead (the automaton accepts nothing).
+    Costs O(states x 256).
+    """
+    size = dfa.size
+    predecessors: list[set[int]] = [set() for _ in range(size)]
+    sources, _ = np.nonzero(dfa.transitions >= 0)
+    for source, target in zip(
+        sources.tolist(), dfa.transitions[dfa.transitions >= 0].tolist(), strict=True
+    ):
+        predecessors[target].add(source)
+    for source, state_calls in enumerate(dfa.calls):
+        for rule, target in state_calls:
+            if rule in productive_rules:
+                predecessors[target].add(source)
+    live = set(np.nonzero(dfa.accepting)[0].tolist())
+    pending = list(live)
+    while pending:
+        for source in predecessors[pending.pop()]:
+            if source not in live:
+                live.add(source)
+                pending.append(source)
+    if 0 not in live:
+        return None
+    reachable = _forward_reachable(dfa, live, productive_rules)
+    order = sorted(reachable)
+    renumber = np.full(size + 1, -1, dtype=np.int32)
+    renumber[np.array(order)] = np.arange(len(order), dtype=np.int32)
+    table = dfa.transitions[order]
+    table = renumber[np.where(table >= 0, table, size)]
+    calls = [
+        [
+            (rule, int(renumber[target]))
+            for rule, target in dfa.calls[state]
+            if rule in productive_rules and target in reachable
+        ]
+        for state in order
+    ]
+    return Dfa(np.ascontiguousarray(table), dfa.accepting[order].copy(), calls)
+
+
+def _forward_reachable(dfa: Dfa, live: set[int], productive_rules: set[str]) -> set[int]:
+    seen = {0}
+    pending = [0]
+    while pending:
+        state = pending.pop()
+        targets = set(dfa.transitions[state][dfa.transitions[state] >= 0].tolist())
+        targets.update(t for rule, t in dfa.calls[state] if rule in productive_rules)
+        for target in targets:
+            if target in live and target not in seen:
+                seen.add(target)
+                pending.append(target)
+    return seen
+
+
+def minimize(dfa: Dfa) -> Dfa:
+    """Merge equivalent states (Moore partition refinement, vectorised with numpy).
+
+    Call edges take part in the equivalence as extra input symbols. Costs
+    O(rounds x states x 256); rounds are at most the DFA's depth.
+    """
+    size = dfa.size
+    rules = sorted({rule for state_calls in dfa.calls for rule, _ in state_calls})
+    call_columns = np.full((size, len(rules)), -1, dtype=np.int32)
+    for state, state_calls in enumerate(dfa.calls):
+        for rule, target in state_calls:
+            call_columns[state, rules.index(rule)] = target
+    targets = np.concatenate([dfa.transitions, call_columns], axis=1)
+    partition = dfa.accepting.astype(np.int64)
+    count = len(np.unique(partition))
+    while True:
+        mapped = np.where(targets >= 0, partition[np.maximum(targets, 0)], -1)
+        signature = np.concatenate([partition[:, None], mapped], axis=1)
+        _, new_partition = np.unique(signature, axis=0, return_inverse=True)
+        new_partition = new_partition.reshape(-1)
+        new_count = int(new_partition.max()) + 1
+        partition = new_partition
+        if new_count == count:
+            break
+        count = new_count
+    # Renumber so the start state's block is 0 and blocks appear in first-seen order.
+    _, first_seen = np.unique(partition, return_index=True)
+    block_order = np.argsort(first_seen)
+    rank = np.empty_like(block_order)
+    rank[block_order] = np.arange(len(block_order))
+    partition = rank[partition]
+    representatives = first_seen[block_order]
+    table = dfa.transitions[representatives]
+    table = np.where(table >= 0, partition[np.maximum(table, 0)], -1).astype(np.int32)
+    calls = [
+        [(rule, int(partition[target])) for rule, target in dfa.calls[state]]
+        for state in representatives.tolist()
+    ]
+    return Dfa(np.ascontiguousarray(table), dfa.accepting[representatives].copy(), calls)

@@ -1,0 +1,153 @@
+"""Thompson construction: grammar IR to a byte-level NFA with call edges.
+
+Besides byte-range and epsilon edges, an NFA here has *call edges* labelled with a rule name:
+they stand for "match the whole rule here", and are how recursive rules stay finite. The
+caller (``formline.parser.pushdown``) decides which references become call edges (rules in a
+recursion cycle) and which are inlined (everything else), through ``is_call``.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from formline.grammar.ir import (
+    ByteSet,
+    Choice,
+    GrammarError,
+    Literal,
+    Node,
+    Repeat,
+    RuleReference,
+    Sequence,
+)
+
+DEFAULT_NFA_STATE_LIMIT = 500_000
+
+
+class AutomatonLimitError(GrammarError):
+    """An automaton would exceed its configured state limit (a blow-up, reported not hung)."""
+
+
+@dataclass
+class Nfa:
+    """A mutable NFA. States are ints; ``start`` and ``accept`` are set by :func:`build_nfa`."""
+
+    state_limit: int = DEFAULT_NFA_STATE_LIMIT
+    byte_edges: list[list[tuple[tuple[tuple[int, int], ...], int]]] = field(default_factory=list)
+    epsilon_edges: list[list[int]] = field(default_factory=list)
+    call_edges: list[list[tuple[str, int]]] = field(default_factory=list)
+    start: int = 0
+    accept: int = 0
+
+    def new_state(self) -> int:
+        if len(self.byte_edges) >= self.state_limit:
+            raise AutomatonLimitError(
+                f"the grammar needs more than {self.state_limit} NFA states "
+                "(large repetition counts or a very large grammar); raise the limit or simplify"
+            )
+        self.byte_edges.append([])
+        self.epsilon_edges.append([])
+        self.call_edges.append([])
+        return len(self.byte_edges) - 1
+
+    @property
+    def size(self) -> int:
+        return len(self.byte_edges)
+
+
+def build_nfa(
+    body: Node,
+    resolve: Callable[[str], Node],
+    is_call: Callable[[str], bool],
+    state_limit: int = DEFAULT_NFA_STATE_LIMIT,
+) -> Nfa:
+    """Build the NFA of ``body``; references are inlined via ``resolve`` unless ``is_call``.
+
+    Raises:
+        AutomatonLimitError: more than ``state_limit`` states would be needed.
+    Costs O(size of the expanded tree).
+    """
+    nfa = Nfa(state_limit=state_limit)
+    nfa.start = nfa.new_state()
+    nfa.accept = nfa.new_state()
+    builder = _Builder(nfa, resolve, is_call)
+    previous_limit = sys.getrecursionlimit()
+    sys.setrecursionlimit(max(previous_limit, 20_000))
+    try:
+        builder.build(body, nfa.start, nfa.accept)
+    except RecursionError:
+        raise GrammarError("the grammar is nested too deeply to compile") from None
+    finally:
+        sys.setrecursionlimit(previous_limit)
+    return nfa
+
+
+class _Builder:
+    def __init__(self, nfa: Nfa, resolve: Callable[[str], Node], is_call: Callable[[str], bool]):
+        self.nfa = nfa
+        self.resolve = resolve
+        self.is_call = is_call
+
+    def build(self, node: Node, start: int, end: int) -> None:
+        """Add states and edges so that paths start→end spell exactly ``node``'s language."""
+        nfa = self.nfa
+        if isinstance(node, ByteSet):
+            if node.ranges:
+                nfa.byte_edges[start].append((node.ranges, end))
+        elif isinstance(node, Literal):
+            self.build_literal(node.value, start, end)
+        elif isinstance(node, Sequence):
+            current = start
+            for index, item in enumerate(node.items):
+                following = end if index == len(node.items) - 1 else nfa.new_state()
+                self.build(item, current, following)
+                current = following
+            if not node.items:
+                nfa.epsilon_edges[start].append(end)
+        elif isinstance(node, Choice):
+            for option in node.options:
+                self.build(option, start, end)
+        elif isinstance(node, Repeat):
+            self.build_repeat(node, start, end)
+        elif isinstance(node, RuleReference):
+            if self.is_call(node.name):
+                nfa.call_edges[start].append((node.name, end))
+            else:
+                self.build(self.resolve(node.name), start, end)
+        else:  # pragma: no cover - every IR node type is handled above
+            raise GrammarError(f"unknown grammar node {type(node).__name__}")
+
+    def build_literal(self, value: bytes, start: int, end: int) -> None:
+        if not value:
+            self.nfa.epsilon_edges[start].append(end)
+            return
+        current = start
+        for index, byte in enumerate(value):
+            following = end if index == len(value) - 1 else self.nfa.new_state()
+            self.nfa.byte_edges[current].append((((byte, byte),), following))
+            current = following
+
+    def build_repeat(self, node: Repeat, start: int, end: int) -> None:
+        nfa = self.nfa
+        current = start
+        for _ in range(node.minimum):
+            following = nfa.new_state()
+            self.build(node.item, current, following)
+            current = following
+        if node.maximum is None:
+            # Loop through a fresh state so the loop cannot leak into the caller's edges.
+            loop = nfa.new_state()
+            nfa.epsilon_edges[current].append(loop)
+            body_end = nfa.new_state()
+            self.build(node.item, loop, body_end)
+            nfa.epsilon_edges[body_end].append(loop)
+            nfa.epsilon_edges[loop].append(end)
+            return
+        for _ in range(node.maximum - node.minimum):
+            nfa.epsilon_edges[current].append(end)
+            following = nfa.new_state()
+            self.build(node.item, current, following)
+            current = following
+        nfa.epsilon_edges[current].append(end)

@@ -1,0 +1,254 @@
+"""Regular expression front end: a subset of Python ``re`` syntax to the grammar IR.
+
+Supported: literals and escapes (``\\n \\t \\r \\f \\v \\xHH \\uHHHH \\UHHHHHHHH``, escaped
+metacharacters), ``.`` (any character but newline), classes ``[a-z]``, ``[^...]`` with Unicode
+ranges, ``\\d \\w \\s`` and their negations, groups ``(...)``, ``(?:...)``, ``(?P<name>...)``,
+alternation, quantifiers ``* + ? {m} {m,} {m,n}`` (lazy forms accepted: laziness does not
+change the language), and ``^``/``$`` at the very ends of the pattern.
+
+``\\d``, ``\\w`` and ``\\s`` are ASCII, as in ECMA-262 and ``re.ASCII``: ``[0-9]``,
+``[A-Za-z0-9_]`` and ``[ \\t\\n\\r\\f\\v]``. The whole pattern must match (``re.fullmatch``).
+
+Unsupported constructs (lookaround, backreferences, ``\\b``, inline flags, anchors in the
+middle) raise :class:`GrammarError` with the position instead of being ignored.
+"""
+
+from __future__ import annotations
+
+from formline.grammar.ir import (
+    EMPTY,
+    Choice,
+    GrammarError,
+    Literal,
+    Node,
+    Repeat,
+    Sequence,
+)
+from formline.grammar.utf8 import CodePointRanges, code_points_to_node, complement, normalize
+
+DIGIT: CodePointRanges = [(0x30, 0x39)]
+WORD: CodePointRanges = [(0x30, 0x39), (0x41, 0x5A), (0x5F, 0x5F), (0x61, 0x7A)]
+SPACE: CodePointRanges = [(0x09, 0x0D), (0x20, 0x20)]
+CLASS_ESCAPES = {"d": DIGIT, "w": WORD, "s": SPACE}
+SIMPLE_ESCAPES = {"n": "\n", "t": "\t", "r": "\r", "f": "\f", "v": "\v", "0": "\0", "a": "\a"}
+MAX_REPEAT = 100_000  # a bound such as {0,1000000} is refused: the automaton would not fit.
+
+
+def parse_regex(pattern: str) -> Node:
+    """Parse ``pattern`` into an IR node.
+
+    Raises:
+        GrammarError: malformed or unsupported syntax, with the character position.
+    Costs O(len(pattern)).
+    """
+    return _RegexParser(pattern).parse()
+
+
+class _RegexParser:
+    def __init__(self, pattern: str):
+        self.pattern = pattern
+        self.position = 0
+
+    def error(self, message: str, position: int | None = None) -> GrammarError:
+        where = self.position if position is None else position
+        return GrammarError(f"regex: {message}", where, self.pattern)
+
+    def peek(self) -> str | None:
+        return self.pattern[self.position] if self.position < len(self.pattern) else None
+
+    def take(self) -> str:
+        if self.position >= len(self.pattern):
+            raise self.error("unexpected end of pattern")
+        character = self.pattern[self.position]
+        self.position += 1
+        return character
+
+    def parse(self) -> Node:
+        if self.peek() == "^":
+            self.position += 1
+        node = self.parse_alternation()
+        if self.position < len(self.pattern):
+            if self.pattern[self.position] == ")":
+                raise self.error("unbalanced ')'")
+            raise self.error(f"unexpected {self.pattern[self.position]!r}")
+        return node
+
+    def parse_alternation(self) -> Node:
+        options = [self.parse_sequence()]
+        while self.peek() == "|":
+            self.position += 1
+            options.append(self.parse_sequence())
+        return options[0] if len(options) == 1 else Choice(tuple(options))
+
+    def parse_sequence(self) -> Node:
+        items: list[Node] = []
+        while (character := self.peek()) is not None and character not in "|)":
+            if character == "$":
+                if self.position == len(self.pattern) - 1:
+                    self.position += 1
+                    break
+                raise self.error("'$' is only supported at the end of the pattern")
+            if character == "^":
+                raise self.error("'^' is only supported at the start of the pattern")
+            items.append(self.parse_quantified())
+        if not items:
+            return EMPTY
+        return items[0] if len(items) == 1 else Sequence(tuple(items))
+
+    def parse_quantified(self) -> Node:
+        node = self.parse_atom()
+        while (character := self.peek()) is not None and character in "*+?{":
+            bounds = self.parse_quantifier()
+            if bounds is None:
+                break
+            node = Repeat(node, bounds[0], bounds[1])
+            if self.peek() == "?":  # lazy: same language
+                self.position += 1
+            elif self.peek() == "+":
+                raise self.error("possessive quantifiers are not supported")
+            following = self.peek()
+            if following is not None and following in "*+?":
+                raise self.error("multiple repeat")
+        return node
+
+    def parse_quantifier(self) -> tuple[int, int | None] | None:
+        character = self.take()
+        if character == "*":
+            return (0, None)
+        if character == "+":
+            return (1, None)
+        if character == "?":
+            return (0, 1)
+        start = self.position - 1
+        closing = self.pattern.find("}", self.position)
+        body = self.pattern[self.position : closing] if closing >= 0 else ""
+        parts = body.split(",")
+        if closing < 0 or len(parts) > 2 or not all(p.strip().isdigit() or p == "" for p in parts):
+            # Python treats a malformed brace as a literal '{'.
+            self.position = start
+            return None
+        if parts == [""] or (len(parts) == 2 and parts[0] == "" and parts[1] == ""):
+            self.position = start
+            return None
+        minimum = int(parts[0]) if parts[0] else 0
+        maximum: int | None = minimum
+        if len(parts) == 2:
+            maximum = int(parts[1]) if parts[1] else None
+        if max(minimum, maximum or 0) > MAX_REPEAT:
+            raise self.error(f"repetition count above {MAX_REPEAT}", start)
+        if maximum is not None and maximum < minimum:
+            raise self.error(f"min repeat greater than max repeat in {{{body}}}", start)
+        self.position = closing + 1
+        return (minimum, maximum)
+
+    def parse_atom(self) -> Node:
+        start = self.position
+        character = self.take()
+        if character == "(":
+            return self.parse_group(start)
+        if character == "[":
+            return code_points_to_node(self.parse_class())
+        if character == ".":
+            return code_points_to_node(complement([(0x0A, 0x0A)]))
+        if character == "\\":
+            escaped = self.parse_escape(in_class=False)
+            if isinstance(escaped, list):
+                return code_points_to_node(escaped)
+            return Literal(escaped.encode("utf-8"))
+        if character in "*+?":
+            raise self.error("nothing to repeat", start)
+        if character == "{" and self.parse_brace_is_quantifier(start):
+            raise self.error("nothing to repeat", start)
+        return Literal(character.encode("utf-8"))
+
+    def parse_brace_is_quantifier(self, start: int) -> bool:
+        self.position = start
+        bounds = self.parse_quantifier()
+        if bounds is None:
+            self.position = start + 1
+            return False
+        return True
+
+    def parse_group(self, start: int) -> Node:
+        if self.peek() == "?":
+            self.position += 1
+            kind = self.take()
+            if kind == "P" and self.peek() == "<":
+                closing = self.pattern.find(">", self.position)
+                if closing < 0:
+                    raise self.error("unterminated group name", start)
+                self.position = closing + 1
+            elif kind != ":":
+                raise self.error(f"unsupported group construct '(?{kind}'", start)
+        node = self.parse_alternation()
+        if self.peek() != ")":
+            raise self.error("missing ')', unterminated group", start)
+        self.position += 1
+        return node
+
+    def parse_escape(self, in_class: bool) -> str | CodePointRanges:
+        start = self.position - 1
+        character = self.take()
+        if character.lower() in CLASS_ESCAPES:
+            ranges = CLASS_ESCAPES[character.lower()]
+            return complement(ranges) if character.isupper() else list(ranges)
+        if character in SIMPLE_ESCAPES:
+            return SIMPLE_ESCAPES[character]
+        if character == "b" and in_class:
+            return "\b"
+        hex_lengths = {"x": 2, "u": 4, "U": 8}
+        if character in hex_lengths:
+            digits = self.pattern[self.position : self.position + hex_lengths[character]]
+            if len(digits) != hex_lengths[character] or not all(
+                d in "0123456789abcdefABCDEF" for d in digits
+            ):
+                raise self.error(f"bad escape \\{character}{digits}", start)
+            self.position += hex_lengths[character]
+            value = int(digits, 16)
+            if value > 0x10FFFF or 0xD800 <= value <= 0xDFFF:
+                raise self.error(f"escape \\{character}{digits} is not a valid code point", start)
+            return chr(value)
+        if character.isalnum():
+            raise self.error(f"unsupported escape \\{character}", start)
+        return character
+
+    def parse_class(self) -> CodePointRanges:
+        start = self.position - 1
+        negated = self.peek() == "^"
+        if negated:
+            self.position += 1
+        ranges: CodePointRanges = []
+        first = True
+        while True:
+            if self.peek() is None:
+                raise self.error("unterminated character set", start)
+            if self.peek() == "]" and not first:
+                self.position += 1
+                break
+            first = False
+            low = self.parse_class_item()
+            if isinstance(low, list):
+                ranges.extend(low)
+                continue
+            if self.peek() == "-" and self.pattern[self.position + 1 : self.position + 2] not in (
+                "]",
+                "",
+            ):
+                self.position += 1
+                high = self.parse_class_item()
+                if isinstance(high, list):
+                    raise self.error("bad character range", start)
+                if ord(high) < ord(low):
+                    raise self.error(f"bad character range {low}-{high}", start)
+                ranges.append((ord(low), ord(high)))
+            else:
+                ranges.append((ord(low), ord(low)))
+        return complement(ranges) if negated else normalize(ranges)
+
+    def parse_class_item(self) -> str | CodePointRanges:
+        character = self.take()
+        if character == "\\":
+            return self.parse_escape(in_class=True)
+        if character == "[" and self.peek() == ":":
+            raise self.error("POSIX classes like [:alpha:] are not supported")
+        return character

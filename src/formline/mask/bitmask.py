@@ -1,0 +1,125 @@
+"""Token bitmasks in the ecosystem's format: int32, shape ``(batch, ceil(vocab_size / 32))``.
+
+Bit ``k`` of word ``w`` (little-endian bit order) is token ``32 * w + k``; a set bit allows
+the token. The layout is XGrammar's and llguidance's, so masks can be handed to their
+kernels and theirs to ours. Applying a mask works on numpy arrays and on torch tensors (CPU or
+GPU); torch is used only when the caller passes a tensor, never imported by formline.
+"""
+
+from __future__ import annotations
+
+import sys
+from typing import Any
+
+import numpy as np
+
+
+def words_for(vocabulary_size: int) -> int:
+    """Number of 32-bit words that hold one bit per token."""
+    return (vocabulary_size + 31) // 32
+
+
+def allocate_token_bitmask(batch_size: int, vocabulary_size: int) -> np.ndarray:
+    """A ``(batch_size, ceil(vocabulary_size/32))`` int32 array with every token allowed.
+
+    Raises:
+        ValueError: a non-positive batch or vocabulary size.
+    """
+    if batch_size <= 0 or vocabulary_size <= 0:
+        raise ValueError(
+            f"batch_size and vocabulary_size must be positive, got {batch_size}, {vocabulary_size}"
+        )
+    return np.full((batch_size, words_for(vocabulary_size)), -1, dtype=np.int32)
+
+
+def ids_to_bitmask(token_ids: np.ndarray, words: int) -> np.ndarray:
+    """uint32 words with the bits of ``token_ids`` set. Costs O(words + len(token_ids))."""
+    flags = np.zeros(words * 32, dtype=bool)
+    flags[np.asarray(token_ids, dtype=np.int64)] = True
+    return np.packbits(flags, bitorder="little").view("<u4").astype(np.uint32)
+
+
+def bitmask_to_ids(bitmask_row: Any, vocabulary_size: int | None = None) -> np.ndarray:
+    """Allowed token ids of one bitmask row (numpy or torch). Costs O(words)."""
+    row = _to_numpy(bitmask_row).astype("<i4", copy=False).view(np.uint8)
+    flags = np.unpackbits(row, bitorder="little").astype(bool)
+    if vocabulary_size is not None:
+        flags = flags[:vocabulary_size]
+    return np.nonzero(flags)[0]
+
+
+def _to_numpy(array: Any) -> np.ndarray:
+    if isinstance(array, np.ndarray):
+        return array
+    if hasattr(array, "detach"):
+        return array.detach().cpu().numpy()
+    return np.asarray(array)
+
+
+def apply_token_bitmask_inplace(
+    logits: Any, bitmask: Any, vocabulary_size: int | None = None, indices: list[int] | None = None
+) -> None:
+    """Set the logits of disallowed tokens to minus infinity, in place.
+
+    ``logits`` is ``(vocab,)`` or ``(batch, vocab)``; ``bitmask`` is ``(words,)`` or
+    ``(batch, words)``. Logits beyond the bitmask's coverage are disallowed; bitmask bits beyond
+    the logits are ignored. ``indices`` selects which batch rows to mask (bitmask row i applies
+    to logits row indices[i]... as in XGrammar: rows of both at the same positions).
+
+    Raises:
+        ValueError: the batch sizes of logits and bitmask disagree.
+    Costs O(batch x vocab) vectorised work (numpy or torch, on the logits' device).
+    """
+    if isinstance(logits, np.ndarray):
+        _apply_numpy(logits, np.asarray(bitmask), vocabulary_size, indices)
+        return
+    torch = sys.modules.get("torch")
+    if torch is None or not isinstance(logits, torch.Tensor):
+        raise TypeError(
+            f"logits must be a numpy array or a torch tensor, got {type(logits).__name__}"
+        )
+    _apply_torch(torch, logits, bitmask, vocabulary_size, indices)
+
+
+def _rows(logits_2d_count: int, mask_rows: int, indices: list[int] | None) -> list[int]:
+    rows = list(range(logits_2d_count)) if indices is None else list(indices)
+    if indices is None and mask_rows != logits_2d_count:
+        raise ValueError(f"logits have {logits_2d_count} rows but the bitmask has {mask_rows}")
+    return rows
+
+
+def _apply_numpy(
+    logits: np.ndarray, bitmask: np.ndarray, vocabulary_size: int | None, indices: list[int] | None
+) -> None:
+    logits_2d = logits.reshape(1, -1) if logits.ndim == 1 else logits
+    mask_2d = bitmask.reshape(1, -1) if bitmask.ndim == 1 else bitmask
+    width = (
+        logits_2d.shape[1] if vocabulary_size is None else min(vocabulary_size, logits_2d.shape[1])
+    )
+    for row in _rows(logits_2d.shape[0], mask_2d.shape[0], indices):
+        mask_row = mask_2d[row if mask_2d.shape[0] > 1 else 0]
+        flags = np.unpackbits(mask_row.astype("<i4", copy=False).view(np.uint8), bitorder="little")
+        allowed = np.zeros(logits_2d.shape[1], dtype=bool)
+        covered = min(width, flags.shape[0])
+        allowed[:covered] = flags[:covered].astype(bool)
+        logits_2d[row, ~allowed] = -np.inf
+
+
+def _apply_torch(
+    torch: Any, logits: Any, bitmask: Any, vocabulary_size: int | None, indices: list[int] | None
+) -> None:
+    if isinstance(bitmask, np.ndarray):
+        bitmask = torch.from_numpy(np.ascontiguousarray(bitmask))
+    bitmask = bitmask.to(logits.device)
+    logits_2d = logits.view(1, -1) if logits.dim() == 1 else logits
+    mask_2d = bitmask.view(1, -1) if bitmask.dim() == 1 else bitmask
+    vocab = logits_2d.shape[1]
+    width = vocab if vocabulary_size is None else min(vocabulary_size, vocab)
+    shifts = torch.arange(32, device=logits.device, dtype=torch.int32)
+    for row in _rows(logits_2d.shape[0], mask_2d.shape[0], indices):
+        mask_row = mask_2d[row if mask_2d.shape[0] > 1 else 0].to(torch.int32)
+        flags = ((mask_row.unsqueeze(-1) >> shifts) & 1).reshape(-1).bool()
+        allowed = torch.zeros(vocab, dtype=torch.bool, device=logits.device)
+        covered = min(width, flags.shape[0])
+        allowed[:covered] = flags[:covered]
+        logits_2d[row].masked_fill_(~allowed, float("-inf"))

@@ -1,0 +1,359 @@
+"""The CFG parser: a byte-level pushdown automaton over per-rule DFAs, run as a set of stacks.
+
+Why this design and not Earley or a lexer: every rule that is not recursive is inlined into
+its caller, so a regex, a choice or a non-recursive JSON schema compiles to ONE minimised DFA
+and the parser degenerates to a table walk with a single stack. Only rules in a recursion
+cycle keep their own DFA and are entered through *call edges*; a parser configuration is then
+a small set of stacks of DFA states (GLR-style, like XGrammar's persistent-stack PDA), and
+every stack top has a precomputed token mask (see :mod:`formline.mask.compiled`). An Earley
+parser (llguidance's choice) would also handle left recursion and ambiguity gracefully, but
+its items do not map onto precomputed per-state masks as directly, and in pure Python a
+per-byte Earley step costs tens of microseconds where a DFA step costs one table lookup.
+Left recursion is refused at compile time, as llama.cpp does; ambiguity is bounded by
+``stack_limit`` (a clear error, never a hang).
+
+Stacks are tuples of global state ids, the top last. Calling a rule replaces the top with the
+return state and pushes the callee's start; a rule that accepts may pop. A return state that
+can only pop (accepting, no edges) is not pushed at all (tail calls), so right-recursive rules
+such as lists run in constant stack depth.
+"""
+
+from __future__ import annotations
+
+from array import array
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from formline.automata.dfa import DEFAULT_DFA_STATE_LIMIT, Dfa, determinize, minimize, trim
+from formline.automata.nfa import DEFAULT_NFA_STATE_LIMIT, build_nfa
+from formline.grammar.ir import Grammar, GrammarError, RuleReference, walk
+
+Stack = tuple[int, ...]
+BASE = -1  # bottom marker for walks that start in an unknown context
+DEFAULT_STACK_LIMIT = 10_000
+
+
+class ParserLimitError(GrammarError):
+    """A parse would keep more stacks than ``stack_limit`` (a highly ambiguous grammar)."""
+
+
+@dataclass
+class PushdownAutomaton:
+    """Global tables of all rule DFAs, numbered consecutively."""
+
+    transitions: np.ndarray  # int32 (states, 256), -1: no transition
+    accepting: np.ndarray  # bool (states,)
+    calls: list[tuple[tuple[int, int], ...]]  # per state: (callee start, return state)
+    start: int
+    rule_names: list[str]
+    rule_of_state: np.ndarray  # int32 (states,)
+    stack_limit: int = DEFAULT_STACK_LIMIT
+    rows: list[array] = field(default_factory=list, repr=False)
+
+    def __post_init__(self) -> None:
+        self.rows = [array("i", row) for row in self.transitions.tolist()]
+        readable = np.asarray((self.transitions >= 0).any(axis=1), dtype=bool)
+        self.has_bytes: list[bool] = [bool(flag) for flag in readable.tolist()]
+        self.is_special = [
+            bool(accepting) or bool(state_calls)
+            for accepting, state_calls in zip(self.accepting.tolist(), self.calls, strict=True)
+        ]
+        self.accepting_list: list[bool] = self.accepting.tolist()
+        self.is_tail = [
+            accepting and not has_bytes and not state_calls
+            for accepting, has_bytes, state_calls in zip(
+                self.accepting_list, self.has_bytes, self.calls, strict=True
+            )
+        ]
+
+    @property
+    def size(self) -> int:
+        return int(self.transitions.shape[0])
+
+    def closure(self, stacks: list[Stack]) -> tuple[frozenset[Stack], bool, bool]:
+        """Expand calls and returns until every stack top can read a byte.
+
+        Returns ``(stacks, can_end, escapes)``: ``can_end`` when the root rule can finish here,
+        ``escapes`` when a stack started on :data:`BASE` can pop into its unknown context.
+
+        Raises:
+            ParserLimitError: more than ``stack_limit`` stacks.
+        Costs O(stacks visited).
+        """
+        closed: set[Stack] = set()
+        seen: set[Stack] = set()
+        pending = list(stacks)
+        can_end = escapes = False
+        calls, is_special, has_bytes = self.calls, self.is_special, self.has_bytes
+        while pending:
+            stack = pending.pop()
+            if stack in seen:
+                continue
+            seen.add(stack)
+            top = stack[-1]
+            if has_bytes[top]:
+                closed.add(stack)
+            if not is_special[top]:
+                continue
+            for callee, returning in calls[top]:
+                below = stack[:-1]
+                pending.append(
+                    below + (callee,) if self.is_tail[returning] else below + (returning, callee)
+                )
+            if self.accepting_list[top]:
+                if len(stack) == 1:
+                    can_end = True
+                elif stack[-2] == BASE and len(stack) == 2:
+                    escapes = True
+                else:
+                    pending.append(stack[:-1])
+            if len(seen) > self.stack_limit:
+                raise ParserLimitError(
+                    f"the parse needs more than {self.stack_limit} stacks: "
+                    "the grammar is too ambiguous"
+                )
+        return frozenset(closed), can_end, escapes
+
+    def step(self, stacks: frozenset[Stack], byte: int) -> list[Stack]:
+        """Stacks after reading ``byte`` (before closure). Costs O(len(stacks))."""
+        rows = self.rows
+        result = []
+        for stack in stacks:
+            target = rows[stack[-1]][byte]
+            if target >= 0:
+                result.append(stack[:-1] + (target,))
+        return result
+
+    def advance(
+        self, stacks: frozenset[Stack], data: bytes
+    ) -> tuple[frozenset[Stack], bool] | None:
+        """Closed stacks and ``can_end`` after reading ``data`` from closed ``stacks``.
+
+        Returns ``None`` when ``data`` is rejected. Costs O(len(data) x stacks).
+        """
+        current = stacks
+        can_end = False
+        for byte in data:
+            raw = self.step(current, byte)
+            if not raw:
+                return None
+            current, can_end, _ = self.closure(raw)
+        if not current and not can_end:
+            return None
+        return current, can_end
+
+    def accepts_after(self, stacks: frozenset[Stack], data: bytes) -> bool:
+        """Whether ``data`` can be read from closed ``stacks``. Costs O(len(data) x stacks)."""
+        current = stacks
+        last = len(data) - 1
+        for index, byte in enumerate(data):
+            raw = self.step(current, byte)
+            if not raw:
+                return False
+            if index == last:
+                return True
+            current, _, _ = self.closure(raw)
+        return True
+
+    def can_end(self, stacks: frozenset[Stack]) -> bool:
+        """Whether the root can finish from ``stacks`` (closed or not). Costs one closure."""
+        return self.closure(list(stacks))[1]
+
+    def initial(self) -> tuple[frozenset[Stack], bool]:
+        """The closed start configuration and whether the empty string is accepted."""
+        closed, can_end, _ = self.closure([(self.start,)])
+        return closed, can_end
+
+
+def build_pushdown(
+    grammar: Grammar,
+    nfa_state_limit: int = DEFAULT_NFA_STATE_LIMIT,
+    dfa_state_limit: int = DEFAULT_DFA_STATE_LIMIT,
+    stack_limit: int = DEFAULT_STACK_LIMIT,
+) -> PushdownAutomaton:
+    """Compile a grammar: inline non-recursive rules, one minimised DFA per recursive rule.
+
+    Raises:
+        GrammarError: left recursion, or a grammar (or start rule) that matches nothing.
+        AutomatonLimitError: an automaton over its state limit.
+    Costs O(DFA states x 256) after determinisation, which is bounded by the limits.
+    """
+    recursive = _recursive_rules(grammar)
+    dfas = _rule_dfas(grammar, recursive, nfa_state_limit, dfa_state_limit)
+    productive = _productive_rules(dfas)
+    if grammar.start not in productive:
+        raise GrammarError(
+            f"the grammar matches no string (rule {grammar.start!r} never completes)"
+        )
+    trimmed: dict[str, Dfa] = {}
+    for name, dfa in dfas.items():
+        if name in productive:
+            result = trim(dfa, productive)
+            assert result is not None
+            trimmed[name] = minimize(result)
+    _check_left_recursion(trimmed)
+    return _link(grammar.start, trimmed, stack_limit)
+
+
+def _recursive_rules(grammar: Grammar) -> set[str]:
+    """Rules that can reach themselves through references (Tarjan's SCCs, iterative)."""
+    edges = {
+        name: sorted({node.name for node in walk(body) if isinstance(node, RuleReference)})
+        for name, body in grammar.rules.items()
+    }
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    on_stack: set[str] = set()
+    stack: list[str] = []
+    recursive: set[str] = set()
+    counter = 0
+    for root in edges:
+        if root in index:
+            continue
+        work = [(root, 0)]
+        while work:
+            node, child_index = work.pop()
+            if child_index == 0:
+                index[node] = low[node] = counter
+                counter += 1
+                stack.append(node)
+                on_stack.add(node)
+            if child_index < len(edges[node]):
+                work.append((node, child_index + 1))
+                child = edges[node][child_index]
+                if child not in index:
+                    work.append((child, 0))
+                elif child in on_stack:
+                    low[node] = min(low[node], index[child])
+                continue
+            if work:
+                parent = work[-1][0]
+                low[parent] = min(low[parent], low[node])
+            if low[node] == index[node]:
+                component = []
+                while True:
+                    member = stack.pop()
+                    on_stack.discard(member)
+                    component.append(member)
+                    if member == node:
+                        break
+                if len(component) > 1 or node in edges[node]:
+                    recursive.update(component)
+    return recursive
+
+
+def _rule_dfas(
+    grammar: Grammar, recursive: set[str], nfa_limit: int, dfa_limit: int
+) -> dict[str, Dfa]:
+    dfas: dict[str, Dfa] = {}
+    pending = [grammar.start]
+    while pending:
+        name = pending.pop()
+        if name in dfas:
+            continue
+        nfa = build_nfa(
+            grammar.rules[name], grammar.rules.__getitem__, recursive.__contains__, nfa_limit
+        )
+        dfas[name] = determinize(nfa, dfa_limit)
+        for state_calls in dfas[name].calls:
+            pending.extend(rule for rule, _ in state_calls)
+    return dfas
+
+
+def _productive_rules(dfas: dict[str, Dfa]) -> set[str]:
+    productive: set[str] = set()
+    changed = True
+    while changed:
+        changed = False
+        for name, dfa in dfas.items():
+            if name not in productive and trim(dfa, productive) is not None:
+                productive.add(name)
+                changed = True
+    return productive
+
+
+def _nullable_rules(dfas: dict[str, Dfa]) -> set[str]:
+    nullable: set[str] = set()
+    changed = True
+    while changed:
+        changed = False
+        for name, dfa in dfas.items():
+            if name not in nullable and any(_null_reachable(dfa, nullable)[1]):
+                nullable.add(name)
+                changed = True
+    return nullable
+
+
+def _null_reachable(dfa: Dfa, nullable: set[str]) -> tuple[set[int], list[bool]]:
+    """States reachable from the start through calls to nullable rules only."""
+    seen = {0}
+    pending = [0]
+    while pending:
+        state = pending.pop()
+        for rule, target in dfa.calls[state]:
+            if rule in nullable and target not in seen:
+                seen.add(target)
+                pending.append(target)
+    return seen, [bool(dfa.accepting[state]) for state in seen]
+
+
+def _check_left_recursion(dfas: dict[str, Dfa]) -> None:
+    nullable = _nullable_rules(dfas)
+    left_calls: dict[str, set[str]] = {}
+    for name, dfa in dfas.items():
+        states, _ = _null_reachable(dfa, nullable)
+        left_calls[name] = {rule for state in states for rule, _ in dfa.calls[state]}
+    for name in dfas:
+        path = _find_cycle(name, left_calls)
+        if path:
+            raise GrammarError(
+                "left recursion is not supported: "
+                + " -> ".join(path)
+                + " (rewrite it with repetition, e.g. 'a ::= b (op b)*')"
+            )
+
+
+def _find_cycle(origin: str, graph: dict[str, set[str]]) -> list[str] | None:
+    pending: list[tuple[str, list[str]]] = [(origin, [origin])]
+    seen: set[str] = set()
+    while pending:
+        node, path = pending.pop()
+        for child in sorted(graph.get(node, ())):
+            if child == origin:
+                return [*path, origin]
+            if child not in seen:
+                seen.add(child)
+                pending.append((child, [*path, child]))
+    return None
+
+
+def _link(start: str, dfas: dict[str, Dfa], stack_limit: int) -> PushdownAutomaton:
+    names = [start, *sorted(name for name in dfas if name != start)]
+    offsets: dict[str, int] = {}
+    total = 0
+    for name in names:
+        offsets[name] = total
+        total += dfas[name].size
+    tables: list[np.ndarray] = []
+    accepting: list[np.ndarray] = []
+    calls: list[tuple[tuple[int, int], ...]] = []
+    rule_of_state: list[np.ndarray] = []
+    for rule_index, name in enumerate(names):
+        dfa, offset = dfas[name], offsets[name]
+        tables.append(np.where(dfa.transitions >= 0, dfa.transitions + offset, -1))
+        accepting.append(dfa.accepting)
+        calls.extend(
+            tuple((offsets[rule], target + offset) for rule, target in state_calls)
+            for state_calls in dfa.calls
+        )
+        rule_of_state.append(np.full(dfa.size, rule_index, dtype=np.int32))
+    return PushdownAutomaton(
+        transitions=np.ascontiguousarray(np.concatenate(tables).astype(np.int32)),
+        accepting=np.concatenate(accepting),
+        calls=calls,
+        start=0,
+        rule_names=names,
+        rule_of_state=np.concatenate(rule_of_state),
+        stack_limit=stack_limit,
+    )

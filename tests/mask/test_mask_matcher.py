@@ -1,0 +1,160 @@
+"""The matcher API: accept/refuse, EOS, rollback, jump-forward, bitmasks, caches, errors."""
+
+from __future__ import annotations
+
+import time
+
+import numpy as np
+import pytest
+from helpers_mask import greedy_tokenize, synthetic_vocabulary
+
+from formline.automata import AutomatonLimitError
+from formline.grammar import Grammar
+from formline.mask import (
+    GrammarMatcher,
+    TokenError,
+    allocate_token_bitmask,
+    apply_token_bitmask_inplace,
+    bitmask_to_ids,
+    clear_memory_cache,
+    compile_grammar,
+)
+from formline.mask.reference import brute_force_allowed_ids
+
+VOCABULARY = synthetic_vocabulary()
+TOKEN = {token: token_id for token_id, token in enumerate(VOCABULARY.token_bytes) if token}
+
+
+def matcher_for(grammar: Grammar) -> GrammarMatcher:
+    return GrammarMatcher(compile_grammar(grammar, VOCABULARY, disk_cache=False))
+
+
+def test_refused_token_leaves_state_unchanged_and_eos_only_at_accept() -> None:
+    matcher = matcher_for(Grammar.from_regex(r"ab+c"))
+    assert not matcher.accept_token(TOKEN[b"c"])
+    assert not matcher.accept_token(0)  # EOS before the end
+    assert matcher.accept_token(TOKEN[b"ab"])
+    before = matcher.allowed_token_ids().tolist()
+    assert not matcher.accept_token(TOKEN[b"ba"])
+    assert matcher.allowed_token_ids().tolist() == before
+    assert 0 not in before
+    assert matcher.accept_token(TOKEN[b"bb"]) and matcher.accept_token(TOKEN[b"c"])
+    assert matcher.can_end() and matcher.allowed_token_ids().tolist() == [0]
+    assert matcher.accept_token(0) and matcher.is_terminated()
+    assert not matcher.accept_token(TOKEN[b"c"])
+
+
+def test_special_tokens_are_never_allowed_inside_the_grammar() -> None:
+    matcher = matcher_for(Grammar.from_regex(r".*"))
+    allowed = set(matcher.allowed_token_ids().tolist())
+    assert 1 not in allowed and not matcher.accept_token(1)
+    assert 0 in allowed  # the empty string is complete: EOS allowed
+    padding = range(len(VOCABULARY.token_bytes) - 5, VOCABULARY.size)
+    assert not allowed.intersection(padding)
+
+
+def test_unknown_token_id_is_a_clear_error() -> None:
+    matcher = matcher_for(Grammar.from_regex("a"))
+    with pytest.raises(TokenError, match=f"token id {VOCABULARY.size} is outside"):
+        matcher.accept_token(VOCABULARY.size)
+    with pytest.raises(TokenError):
+        matcher.accept_token(-1)
+
+
+def test_rollback_restores_masks_and_termination() -> None:
+    matcher = matcher_for(Grammar.from_ebnf('root ::= "(" root ")" | "x"'))
+    masks = [matcher.allowed_token_ids().tolist()]
+    for token in [b"((", b"x", b")", b")"]:
+        assert matcher.accept_token(TOKEN[token])
+        masks.append(matcher.allowed_token_ids().tolist())
+    assert matcher.accept_token(0)
+    matcher.rollback(1)
+    assert not matcher.is_terminated() and matcher.allowed_token_ids().tolist() == masks[-1]
+    matcher.rollback(3)
+    assert matcher.allowed_token_ids().tolist() == masks[1]
+    with pytest.raises(ValueError, match="cannot roll back 5"):
+        matcher.rollback(5)
+
+
+def test_jump_forward_string_is_forced_text_and_does_not_move() -> None:
+    matcher = matcher_for(Grammar.from_regex(r'\{"name":"[a-z]+","age":[0-9]+\}'))
+    assert matcher.find_jump_forward_string() == '{"name":"'
+    for token_id in greedy_tokenize(VOCABULARY, b'{"name":"ab'):
+        assert matcher.accept_token(token_id)
+    assert matcher.find_jump_forward_string() == ""
+    assert matcher.accept_token(TOKEN[b'",'])
+    assert matcher.find_jump_forward_string() == '"age":'
+    choice = matcher_for(Grammar.from_choices(["中文abc", "中文abd"]))
+    assert choice.find_jump_forward_string() == "中文ab"
+
+
+def test_bitmask_fill_and_apply_numpy() -> None:
+    matcher = matcher_for(Grammar.from_regex(r"[ab]"))
+    bitmask = allocate_token_bitmask(2, VOCABULARY.size)
+    assert bitmask.shape == (2, (VOCABULARY.size + 31) // 32) and bitmask.dtype == np.int32
+    assert matcher.fill_next_token_bitmask(bitmask, index=1)
+    expected = sorted({TOKEN[b"a"], TOKEN[b"b"]})
+    assert bitmask_to_ids(bitmask[1], VOCABULARY.size).tolist() == expected
+    assert (bitmask[0] == -1).all()
+    logits = np.zeros((2, VOCABULARY.size), dtype=np.float32)
+    apply_token_bitmask_inplace(logits, bitmask)
+    assert np.isfinite(logits[1]).nonzero()[0].tolist() == expected
+    assert np.isfinite(logits[0]).all()
+    wider = np.zeros(VOCABULARY.size + 40, dtype=np.float32)  # logits larger than the vocabulary
+    apply_token_bitmask_inplace(wider, bitmask[1])
+    assert np.isfinite(wider).nonzero()[0].tolist() == expected
+
+
+def test_bitmask_apply_torch() -> None:
+    torch = pytest.importorskip("torch", reason="torch is an optional dependency")
+    matcher = matcher_for(Grammar.from_regex(r"[ab]"))
+    bitmask = torch.from_numpy(allocate_token_bitmask(1, VOCABULARY.size))
+    matcher.fill_next_token_bitmask(bitmask)
+    logits = torch.zeros(1, VOCABULARY.size)
+    apply_token_bitmask_inplace(logits, bitmask)
+    allowed = torch.isfinite(logits[0]).nonzero().flatten().tolist()
+    assert allowed == sorted({TOKEN[b"a"], TOKEN[b"b"]})
+
+
+def test_compile_is_cached_in_memory_and_on_disk(tmp_path) -> None:
+    grammar = Grammar.from_regex(r"[a-z]{3}[0-9]+")
+    first = compile_grammar(grammar, VOCABULARY, disk_cache=tmp_path)
+    assert first.statistics.from_cache == "none"
+    assert compile_grammar(grammar, VOCABULARY, disk_cache=tmp_path) is first
+    assert len(list(tmp_path.glob("*.pickle"))) == 1
+    clear_memory_cache()
+    second = compile_grammar(grammar, VOCABULARY, disk_cache=tmp_path)
+    assert second.statistics.from_cache == "disk" and second is not first
+    np.testing.assert_array_equal(second.state_masks.inside_masks, first.state_masks.inside_masks)
+    (next(tmp_path.glob("*.pickle"))).write_bytes(b"corrupt")
+    clear_memory_cache()
+    third = compile_grammar(grammar, VOCABULARY, disk_cache=tmp_path)
+    assert third.statistics.from_cache == "none"  # a corrupt entry is rebuilt, not fatal
+
+
+def test_state_limit_is_an_error_in_bounded_time() -> None:
+    started = time.perf_counter()
+    with pytest.raises(AutomatonLimitError, match="more than 2000 DFA states"):
+        compile_grammar(
+            Grammar.from_regex(r"(a|b)*a(a|b){20}"),
+            VOCABULARY,
+            disk_cache=False,
+            dfa_state_limit=2000,
+        )
+    assert time.perf_counter() - started < 30  # generous: a hang would take forever
+
+
+def test_mask_equals_brute_force_on_a_recursive_grammar() -> None:
+    grammar = Grammar.from_ebnf(
+        r'''root ::= value
+        value ::= "{" ( pair ( "," pair )* )? "}" | "[" ( value ( "," value )* )? "]"
+                | str | /-?[0-9]+/ | "null"
+        pair ::= str ":" value
+        str ::= "\"" [a-z ]* "\""'''
+    )
+    matcher = matcher_for(grammar)
+    text = b'{"ab":[1,[],{"c":null}],"x":"the"}'
+    for token_id in greedy_tokenize(VOCABULARY, text):
+        np.testing.assert_array_equal(matcher.allowed_token_ids(), brute_force_allowed_ids(matcher))
+        assert matcher.accept_token(token_id)
+    assert matcher.can_end()
