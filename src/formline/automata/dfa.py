@@ -198,18 +198,7 @@ def minimize(dfa: Dfa) -> Dfa:
         for rule, target in state_calls:
             call_columns[state, rules.index(rule)] = target
     targets = np.concatenate([dfa.transitions, call_columns], axis=1)
-    partition = dfa.accepting.astype(np.int64)
-    count = len(np.unique(partition))
-    while True:
-        mapped = np.where(targets >= 0, partition[np.maximum(targets, 0)], -1)
-        signature = np.concatenate([partition[:, None], mapped], axis=1)
-        _, new_partition = np.unique(signature, axis=0, return_inverse=True)
-        new_partition = new_partition.reshape(-1)
-        new_count = int(new_partition.max()) + 1
-        partition = new_partition
-        if new_count == count:
-            break
-        count = new_count
+    partition = refine_partition(targets, dfa.accepting.astype(np.int64))
     # Renumber so the start state's block is 0 and blocks appear in first-seen order.
     _, first_seen = np.unique(partition, return_index=True)
     block_order = np.argsort(first_seen)
@@ -224,3 +213,33 @@ def minimize(dfa: Dfa) -> Dfa:
         for state in representatives.tolist()
     ]
     return Dfa(np.ascontiguousarray(table), dfa.accepting[representatives].copy(), calls)
+
+
+def _label_rows(rows: np.ndarray) -> np.ndarray:
+    """Equal rows get equal labels 0..k-1 (exact: rows compared as raw bytes)."""
+    contiguous = np.ascontiguousarray(rows)
+    as_bytes = contiguous.view(np.dtype((np.void, contiguous.dtype.itemsize * rows.shape[1])))
+    _, labels = np.unique(as_bytes.reshape(-1), return_inverse=True)
+    return labels.reshape(-1).astype(np.int64)
+
+
+def refine_partition(targets: np.ndarray, labels: np.ndarray, rounds: int | None = None) -> np.ndarray:
+    """Moore refinement of ``labels`` over the ``targets`` table (``-1``: no transition).
+
+    With ``rounds=None`` it runs to the fixpoint (full equivalence); with ``rounds=k`` two
+    states share a label iff they agree on every path of length <= k (definedness and the
+    initial labels along it). Costs O(rounds x states x columns).
+    """
+    _, partition = np.unique(labels, return_inverse=True)
+    partition = partition.reshape(-1).astype(np.int64)
+    count = int(partition.max()) + 1 if len(partition) else 0
+    done = 0
+    while rounds is None or done < rounds:
+        mapped = np.where(targets >= 0, partition[np.maximum(targets, 0)], -1)
+        partition = _label_rows(np.concatenate([partition[:, None], mapped], axis=1))
+        done += 1
+        new_count = int(partition.max()) + 1 if len(partition) else 0
+        if new_count == count:
+            break
+        count = new_count
+    return partition

@@ -23,12 +23,14 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from formline.automata.dfa import refine_partition
 from formline.mask.bitmask import ids_to_bitmask, words_for
-from formline.mask.token_index import TokenIndex
+from formline.mask.token_index import SHORT_TOKEN_BYTES, TokenIndex, WalkResult
 from formline.parser.pushdown import BASE, PushdownAutomaton, Stack
 from formline.vocab import Vocabulary
 
 DEFAULT_MASK_CACHE_ENTRIES = 4096
+ESCAPE_CACHE_ENTRIES = 65_536
 
 
 @dataclass
@@ -71,51 +73,79 @@ def precompute_state_masks(
 ) -> StateMasks:
     """Compute every state's inside mask and escape groups.
 
-    Costs one vectorised token walk per state (O(bytes of the tokens the state can start))
-    plus a Python parser walk per candidate token (tokens that cross a rule boundary).
+    States that agree on every path of up to 16 bytes (the counter states of ``[a-z]{1,40}``,
+    say) share one vectorised walk of the short tokens; each state walks the few long tokens
+    itself. Candidate tokens (crossing a rule boundary) take a Python parser walk per state.
+    Costs O(bytes of the tokens each class of states can start) plus the candidate walks.
     """
     flat = automaton.transitions.reshape(-1)
     special = np.array(automaton.is_special, dtype=bool)
-    words = words_for(vocabulary.size)
-    unique: dict[bytes, int] = {}
-    masks: list[np.ndarray] = []
-    inside_index = np.full(automaton.size, -1, dtype=np.int32)
-    escapes: list[list[tuple[bytes, np.ndarray]]] = []
-    # Stacks whose top is in an uncalled start rule have nothing below them: their escape
-    # groups could never apply, and without any call edge no candidate can be read whole.
-    start_is_called = any(
-        callee == automaton.start for calls in automaton.calls for callee, _ in calls
-    )
-    has_calls = any(automaton.calls)
+    classes = refine_partition(automaton.transitions, special.astype(np.int64), SHORT_TOKEN_BYTES)
+    short_walks: dict[int, WalkResult] = {}
+    builder = _MaskBuilder(automaton, vocabulary)
     for state in range(automaton.size):
         if not automaton.has_bytes[state]:
-            escapes.append([])
+            builder.add_empty()
             continue
-        result = index.walk(flat, special, state)
-        in_start_rule = automaton.rule_of_state[state] == 0 and not start_is_called
-        if in_start_rule and not has_calls:
-            extra_inside, groups = [], {}
-        else:
-            extra_inside, groups = _classify_candidates(
-                automaton, vocabulary, state, result.candidates
-            )
+        short = short_walks.get(int(classes[state]))
+        if short is None:
+            short = short_walks[int(classes[state])] = index.walk(flat, special, state, "short")
+        long = index.walk(flat, special, state, "long")
+        builder.add(
+            state,
+            np.concatenate([short.inside, long.inside]),
+            np.concatenate([short.candidates, long.candidates]),
+        )
+    return builder.finish()
+
+
+class _MaskBuilder:
+    """Collects per-state masks (deduplicated) and escape groups."""
+
+    def __init__(self, automaton: PushdownAutomaton, vocabulary: Vocabulary):
+        self.automaton = automaton
+        self.vocabulary = vocabulary
+        self.words = words_for(vocabulary.size)
+        self.unique: dict[bytes, int] = {}
+        self.masks: list[np.ndarray] = []
+        self.inside_index: list[int] = []
+        self.escapes: list[list[tuple[bytes, np.ndarray]]] = []
+        # Stacks whose top is in an uncalled start rule have nothing below them: their escape
+        # groups could never apply, and without any call edge no candidate is read whole.
+        self.start_is_called = any(
+            callee == automaton.start for calls in automaton.calls for callee, _ in calls
+        )
+        self.has_calls = any(automaton.calls)
+
+    def add_empty(self) -> None:
+        self.inside_index.append(-1)
+        self.escapes.append([])
+
+    def add(self, state: int, inside: np.ndarray, candidates: np.ndarray) -> None:
+        in_start_rule = self.automaton.rule_of_state[state] == 0 and not self.start_is_called
+        groups: dict[bytes, list[int]] = {}
+        if len(candidates) and not (in_start_rule and not self.has_calls):
+            extra, groups = _classify_candidates(self.automaton, self.vocabulary, state, candidates)
+            if extra:
+                inside = np.concatenate([inside, np.array(extra, dtype=np.int32)])
             if in_start_rule:
                 groups = {}
-        token_ids = result.inside
-        if extra_inside:
-            token_ids = np.union1d(token_ids, np.array(extra_inside, dtype=np.int32))
-        mask = ids_to_bitmask(token_ids, words)
+        mask = ids_to_bitmask(inside, self.words)
         key = mask.tobytes()
-        if key not in unique:
-            unique[key] = len(masks)
-            masks.append(mask)
-        inside_index[state] = unique[key]
-        escapes.append(
+        if key not in self.unique:
+            self.unique[key] = len(self.masks)
+            self.masks.append(mask)
+        self.inside_index.append(self.unique[key])
+        self.escapes.append(
             [(leftover, np.array(ids, dtype=np.int32)) for leftover, ids in sorted(groups.items())]
         )
-    live_bytes = [tuple(np.nonzero(row >= 0)[0].tolist()) for row in automaton.transitions]
-    stacked = np.stack(masks) if masks else np.zeros((0, words), dtype=np.uint32)
-    return StateMasks(inside_index, stacked, escapes, live_bytes)
+
+    def finish(self) -> StateMasks:
+        automaton = self.automaton
+        live_bytes = [tuple(np.nonzero(row >= 0)[0].tolist()) for row in automaton.transitions]
+        stacked = np.stack(self.masks) if self.masks else np.zeros((0, self.words), dtype=np.uint32)
+        inside_index = np.array(self.inside_index, dtype=np.int32)
+        return StateMasks(inside_index, stacked, self.escapes, live_bytes)
 
 
 @dataclass
@@ -147,7 +177,7 @@ class CompiledGrammar:
         self.eos_ids = np.array(sorted(self.vocabulary.eos_ids), dtype=np.int32)
         self.eos_mask = ids_to_bitmask(self.eos_ids, self.words)
         self._mask_cache: OrderedDict[tuple[frozenset[Stack], bool], np.ndarray] = OrderedDict()
-        self._leftover_cache: dict[tuple[Stack, bytes], bool] = {}
+        self._escape_cache: dict[tuple[Stack, int], np.ndarray] = {}
 
     @property
     def vocabulary_size(self) -> int:
@@ -189,20 +219,30 @@ class CompiledGrammar:
         self, words: np.ndarray, stack: Stack, groups: list[tuple[bytes, np.ndarray]]
     ) -> None:
         below = stack[:-1]
-        closed: frozenset[Stack] | None = None
-        for leftover, token_ids in groups:
-            key = (below, leftover)
-            allowed = self._leftover_cache.get(key)
-            if allowed is None:
-                if closed is None:
-                    closed = self.automaton.closure([below])[0]
-                allowed = self.automaton.accepts_after(closed, leftover)
-                if len(self._leftover_cache) < 1_000_000:
-                    self._leftover_cache[key] = allowed
-            if allowed:
-                np.bitwise_or.at(
-                    words, token_ids >> 5, np.left_shift(1, token_ids & 31).astype(np.uint32)
-                )
+        key = (below, stack[-1])
+        token_ids = self._escape_cache.get(key)
+        if token_ids is None:
+            token_ids = self._allowed_escapes(below, groups)
+            if len(self._escape_cache) < ESCAPE_CACHE_ENTRIES:
+                self._escape_cache[key] = token_ids
+        if len(token_ids):
+            np.bitwise_or.at(
+                words, token_ids >> 5, np.left_shift(1, token_ids & 31).astype(np.uint32)
+            )
+
+    def _allowed_escapes(self, below: Stack, groups: list[tuple[bytes, np.ndarray]]) -> np.ndarray:
+        """Token ids of the groups whose leftover bytes the stack ``below`` reads."""
+        automaton = self.automaton
+        closed = automaton.closure([below])[0]
+        live_bytes = self.state_masks.live_bytes
+        # Most leftovers fail on their first byte: filter on it before walking any.
+        first_bytes = {byte for stack in closed for byte in live_bytes[stack[-1]]}
+        allowed = [
+            token_ids
+            for leftover, token_ids in groups
+            if leftover[0] in first_bytes and automaton.accepts_after(closed, leftover)
+        ]
+        return np.concatenate(allowed) if allowed else np.zeros(0, dtype=np.int32)
 
     def statistics_text(self) -> str:
         stats = self.statistics
