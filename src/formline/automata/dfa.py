@@ -223,7 +223,9 @@ def _label_rows(rows: np.ndarray) -> np.ndarray:
     return labels.reshape(-1).astype(np.int64)
 
 
-def refine_partition(targets: np.ndarray, labels: np.ndarray, rounds: int | None = None) -> np.ndarray:
+def refine_partition(
+    targets: np.ndarray, labels: np.ndarray, rounds: int | None = None
+) -> np.ndarray:
     """Moore refinement of ``labels`` over the ``targets`` table (``-1``: no transition).
 
     With ``rounds=None`` it runs to the fixpoint (full equivalence); with ``rounds=k`` two

@@ -25,7 +25,13 @@ import numpy as np
 
 from formline.automata.dfa import refine_partition
 from formline.mask.bitmask import ids_to_bitmask, words_for
-from formline.mask.token_index import SHORT_TOKEN_BYTES, TokenIndex, WalkResult
+from formline.mask.token_index import (
+    ACCEPTING,
+    CALLING,
+    SHORT_TOKEN_BYTES,
+    TokenIndex,
+    WalkResult,
+)
 from formline.parser.pushdown import BASE, PushdownAutomaton, Stack
 from formline.vocab import Vocabulary
 
@@ -79,8 +85,10 @@ def precompute_state_masks(
     Costs O(bytes of the tokens each class of states can start) plus the candidate walks.
     """
     flat = automaton.transitions.reshape(-1)
-    special = np.array(automaton.is_special, dtype=bool)
-    classes = refine_partition(automaton.transitions, special.astype(np.int64), SHORT_TOKEN_BYTES)
+    kinds = automaton.accepting.astype(np.int64) * ACCEPTING + np.array(
+        [CALLING if calls else 0 for calls in automaton.calls], dtype=np.int64
+    )
+    classes = refine_partition(automaton.transitions, kinds, SHORT_TOKEN_BYTES)
     short_walks: dict[int, WalkResult] = {}
     builder = _MaskBuilder(automaton, vocabulary)
     for state in range(automaton.size):
@@ -89,12 +97,14 @@ def precompute_state_masks(
             continue
         short = short_walks.get(int(classes[state]))
         if short is None:
-            short = short_walks[int(classes[state])] = index.walk(flat, special, state, "short")
-        long = index.walk(flat, special, state, "long")
+            short = short_walks[int(classes[state])] = index.walk(flat, kinds, state, "short")
+        long = index.walk(flat, kinds, state, "long")
         builder.add(
             state,
             np.concatenate([short.inside, long.inside]),
             np.concatenate([short.candidates, long.candidates]),
+            np.concatenate([short.escape_ids, long.escape_ids]),
+            np.concatenate([short.escape_offsets, long.escape_offsets]),
         )
     return builder.finish()
 
@@ -121,15 +131,26 @@ class _MaskBuilder:
         self.inside_index.append(-1)
         self.escapes.append([])
 
-    def add(self, state: int, inside: np.ndarray, candidates: np.ndarray) -> None:
+    def add(
+        self,
+        state: int,
+        inside: np.ndarray,
+        candidates: np.ndarray,
+        escape_ids: np.ndarray,
+        escape_offsets: np.ndarray,
+    ) -> None:
         in_start_rule = self.automaton.rule_of_state[state] == 0 and not self.start_is_called
         groups: dict[bytes, list[int]] = {}
         if len(candidates) and not (in_start_rule and not self.has_calls):
             extra, groups = _classify_candidates(self.automaton, self.vocabulary, state, candidates)
             if extra:
                 inside = np.concatenate([inside, np.array(extra, dtype=np.int32)])
-            if in_start_rule:
-                groups = {}
+        if not in_start_rule:
+            token_bytes = self.vocabulary.token_bytes
+            for token_id, offset in zip(escape_ids.tolist(), escape_offsets.tolist(), strict=True):
+                groups.setdefault(token_bytes[token_id][offset:], []).append(token_id)
+        else:
+            groups = {}
         mask = ids_to_bitmask(inside, self.words)
         key = mask.tobytes()
         if key not in self.unique:

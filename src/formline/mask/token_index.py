@@ -18,6 +18,8 @@ from formline.vocab import Vocabulary
 # Tokens up to this many bytes are walked once per class of states that agree on every path
 # of this length; 99% of Qwen2's and SmolLM2's tokens are this short.
 SHORT_TOKEN_BYTES = 16
+ACCEPTING = 1  # bits of the per-state ``kinds`` array given to :meth:`TokenIndex.walk`
+CALLING = 2
 
 
 @dataclass
@@ -25,7 +27,9 @@ class WalkResult:
     """Token ids that a state's automaton reads whole, and ids that need the parser."""
 
     inside: np.ndarray  # int32 token ids read whole by the DFA alone
-    candidates: np.ndarray  # int32 token ids that died after passing a call/accepting state
+    candidates: np.ndarray  # int32 token ids that died after passing a state with calls
+    escape_ids: np.ndarray  # int32 token ids that died after passing an accepting state...
+    escape_offsets: np.ndarray  # ...at these offsets (one row per (token, offset) event)
 
 
 class TokenIndex:
@@ -64,15 +68,16 @@ class TokenIndex:
         return len(self.token_ids)
 
     def walk(
-        self, transitions: np.ndarray, special: np.ndarray, state: int, part: str = "all"
+        self, transitions: np.ndarray, kinds: np.ndarray, state: int, part: str = "all"
     ) -> WalkResult:
         """Walk every usable token through the byte table from ``state``.
 
         ``transitions`` is the flattened ``(states * 256)`` int32 table (``-1`` dead) and
-        ``special[s]`` marks states where a call or a return could continue a walk that the
-        byte table alone ends. A token whose bytes all have transitions is *inside*; a token
-        that dies after passing a special state (at offset >= 1) is a *candidate* for the
-        full parser walk; every other token is rejected from this state.
+        ``kinds[s]`` has bit :data:`ACCEPTING` where the state's rule may end (a return could
+        continue the walk) and :data:`CALLING` where it may call a rule. A token whose bytes
+        all have transitions is *inside*; a token that dies after passing a calling state (at
+        offset >= 1) is a *candidate* for the full parser walk; one that dies after passing
+        accepting states only gives escape events (token, offset); the rest are rejected.
         ``part`` restricts the walk to tokens of at most :data:`SHORT_TOKEN_BYTES` bytes
         ("short"), to the longer ones ("long") or takes all ("all").
         Costs O(bytes of the tokens whose first byte ``state`` accepts).
@@ -81,7 +86,7 @@ class TokenIndex:
         allowed = np.nonzero(row >= 0)[0]
         if len(allowed) == 0:
             empty = np.zeros(0, dtype=np.int32)
-            return WalkResult(empty, empty)
+            return WalkResult(empty, empty, empty, np.zeros(0, dtype=np.int64))
         starts, ends = self.group_starts[allowed], self.group_starts[allowed + 1]
         if part == "short":
             starts = self.group_splits[allowed]
@@ -89,17 +94,20 @@ class TokenIndex:
             ends = self.group_splits[allowed]
         nonempty = ends > starts
         positions = _concatenate_ranges(starts[nonempty], ends[nonempty])
-        return self._walk_columns(transitions, special, state, positions)
+        return self._walk_columns(transitions, kinds, state, positions)
 
     def _walk_columns(
-        self, transitions: np.ndarray, special: np.ndarray, state: int, positions: np.ndarray
+        self, transitions: np.ndarray, kinds: np.ndarray, state: int, positions: np.ndarray
     ) -> WalkResult:
         offsets = self.offsets[positions]
         lengths = self.lengths[positions]
         states = np.full(len(positions), state, dtype=np.int64)
-        flagged = np.zeros(len(positions), dtype=bool)
+        called = np.zeros(len(positions), dtype=bool)
         inside_parts: list[np.ndarray] = []
         candidate_parts: list[np.ndarray] = []
+        plain_dead_parts: list[np.ndarray] = []
+        event_positions: list[np.ndarray] = []
+        event_offsets: list[int] = []
         column = 0
         while len(positions):
             if column > 0:
@@ -108,24 +116,46 @@ class TokenIndex:
                     inside_parts.append(positions[finished])
                     keep = ~finished
                     positions, offsets, lengths = positions[keep], offsets[keep], lengths[keep]
-                    states, flagged = states[keep], flagged[keep]
+                    states, called = states[keep], called[keep]
                     if not len(positions):
                         break
-                flagged |= special[states]
+                kind = kinds[states]
+                called |= (kind & CALLING) != 0
+                accepting = (kind & ACCEPTING) != 0
+                if accepting.any():  # the rule could end here: the rest is a leftover
+                    event_positions.append(positions[accepting])
+                    event_offsets.append(column)
             following = transitions[states * 256 + self.data[offsets + column]]
             alive = following >= 0
             if not alive.all():
                 dead = ~alive
-                candidate_parts.append(positions[dead & flagged])
+                candidate_parts.append(positions[dead & called])
+                plain_dead_parts.append(positions[dead & ~called])
                 positions, offsets, lengths = positions[alive], offsets[alive], lengths[alive]
-                states, flagged = following[alive], flagged[alive]
+                states, called = following[alive], called[alive]
             else:
                 states = following.astype(np.int64)
             column += 1
+        escapes = self._escape_events(plain_dead_parts, event_positions, event_offsets)
         return WalkResult(
             self.token_ids[_sorted_concatenate(inside_parts)],
             self.token_ids[_sorted_concatenate(candidate_parts)],
+            *escapes,
         )
+
+    def _escape_events(
+        self, plain_dead: list[np.ndarray], positions: list[np.ndarray], offsets: list[int]
+    ) -> tuple[np.ndarray, np.ndarray]:
+        """(token ids, offsets) where a token that died without any call passed an accepting
+        state: the rule could have ended there, leaving ``token[offset:]`` to the caller."""
+        if not positions or not plain_dead:
+            return np.zeros(0, dtype=np.int32), np.zeros(0, dtype=np.int64)
+        is_plain_dead = np.zeros(self.token_count, dtype=bool)
+        is_plain_dead[np.concatenate(plain_dead)] = True
+        all_positions = np.concatenate(positions)
+        all_offsets = np.repeat(np.array(offsets, dtype=np.int64), [len(p) for p in positions])
+        keep = is_plain_dead[all_positions]
+        return self.token_ids[all_positions[keep]], all_offsets[keep]
 
     def token_bytes_at(self, token_id: int) -> bytes:
         """Bytes of a usable token id (slow path helper for tests and walks)."""

@@ -1,0 +1,164 @@
+"""Duck-typed adapter from a Hugging Face tokenizer object to token bytes.
+
+Nothing from ``transformers``, ``tokenizers`` or ``torch`` is imported: only the
+object passed in is used, through these attributes (the optional ones are looked up
+with ``getattr``):
+
+* ``len(tokenizer)`` and ``convert_ids_to_tokens(list_of_ids)`` (required);
+* ``added_tokens_decoder`` (``{id: AddedToken}`` with ``.content`` and ``.special``);
+* ``all_special_ids``, ``eos_token_id``;
+* ``backend_tokenizer.decoder`` (fast tokenizers), whose ``str()`` names its parts,
+  e.g. ``ByteLevel(...)`` or ``Sequence(decoders=[Replace(...▁...), ByteFallback(), ...])``.
+"""
+
+from __future__ import annotations
+
+import operator
+import os
+from collections.abc import Callable
+from typing import Any
+
+from formline.vocab.byte_decoding import (
+    SENTENCEPIECE_SPACE,
+    decode_byte_level_piece,
+    decode_sentencepiece_piece,
+    is_byte_level_piece,
+)
+from formline.vocab.vocabulary import (
+    VocabularyError,
+    is_end_of_generation_piece,
+    is_padding_piece,
+)
+
+BYTE_LEVEL = "byte-level"
+SENTENCEPIECE = "sentencepiece"
+
+
+def tokenizer_name(tokenizer: Any) -> str:
+    """Return a short label: the last component of ``name_or_path`` (or "")."""
+    name_or_path = str(getattr(tokenizer, "name_or_path", "") or "")
+    name = os.path.basename(name_or_path.rstrip("/\\"))
+    return "" if name in (".", "..") else name
+
+
+def _added_tokens(tokenizer: Any) -> dict[int, tuple[str, bool]]:
+    """Return ``{id: (content, special)}`` from ``added_tokens_decoder`` (may be empty)."""
+    decoder = getattr(tokenizer, "added_tokens_decoder", None) or {}
+    added: dict[int, tuple[str, bool]] = {}
+    for token_id, token in decoder.items():
+        content = getattr(token, "content", token)
+        added[operator.index(token_id)] = (str(content), bool(getattr(token, "special", False)))
+    return added
+
+
+def _decoder_description(tokenizer: Any) -> str:
+    """Return ``str(tokenizer.backend_tokenizer.decoder)``, or "" when there is none."""
+    backend = getattr(tokenizer, "backend_tokenizer", None)
+    decoder = getattr(backend, "decoder", None) if backend is not None else None
+    return str(decoder) if decoder is not None else ""
+
+
+def detect_encoding(tokenizer: Any, pieces: list[str | None], added: set[int]) -> str:
+    """Return BYTE_LEVEL or SENTENCEPIECE for the tokenizer's base (non-added) pieces.
+
+    The fast tokenizer's decoder decides when present (``ByteLevel`` vs. ``▁``
+    replacement / ``Metaspace`` / ``ByteFallback``). Otherwise the pieces decide:
+    byte-level when some start with ``"Ġ"`` and all lie in the GPT-2 byte alphabet,
+    SentencePiece when some contain ``"▁"``. Raises VocabularyError when neither fits
+    (e.g. WordPiece). Cost: O(total piece length) without a decoder.
+    """
+    description = _decoder_description(tokenizer)
+    if "ByteLevel" in description:
+        return BYTE_LEVEL
+    if any(marker in description for marker in ("Metaspace", "ByteFallback", SENTENCEPIECE_SPACE)):
+        return SENTENCEPIECE
+    base = [piece for token_id, piece in enumerate(pieces) if piece and token_id not in added]
+    if any(piece.startswith("Ġ") for piece in base) and all(map(is_byte_level_piece, base)):
+        return BYTE_LEVEL
+    if any(SENTENCEPIECE_SPACE in piece for piece in base):
+        return SENTENCEPIECE
+    raise VocabularyError(
+        f"{type(tokenizer).__name__}({tokenizer_name(tokenizer)!r}): tokenizer is neither "
+        f"GPT-2 byte-level BPE nor SentencePiece (decoder: {description or 'none'})"
+    )
+
+
+def _eos_ids(tokenizer: Any, added: dict[int, tuple[str, bool]], size: int) -> set[int]:
+    """Return ``eos_token_id`` plus the special added tokens that end a generation turn.
+
+    The extra stop tokens are the *special* added tokens whose text is in
+    END_OF_GENERATION_TEXTS (``<|im_end|>``, ``<|eot_id|>``, ``<|endoftext|>``,
+    ``<|end|>``, ...), the same rule ``from_gguf`` applies to CONTROL tokens, so both
+    constructors agree. A model's ``generation_config.eos_token_id`` is not visible
+    from the tokenizer and is not consulted.
+    """
+    eos_ids: set[int] = set()
+    declared = getattr(tokenizer, "eos_token_id", None)
+    for value in declared if isinstance(declared, list | tuple) else [declared]:
+        if value is None:
+            continue
+        token_id = operator.index(value)
+        if not 0 <= token_id < size:
+            raise VocabularyError(
+                f"{type(tokenizer).__name__}({tokenizer_name(tokenizer)!r}): eos_token_id "
+                f"{token_id} is outside the tokenizer's {size} ids"
+            )
+        eos_ids.add(token_id)
+    for token_id, (content, special) in added.items():
+        if special and is_end_of_generation_piece(content):
+            eos_ids.add(token_id)
+    return eos_ids
+
+
+def _piece_decoder(encoding: str, description: str) -> Callable[[str], bytes]:
+    """Return the base-piece decoder; byte fallback unless a fast decoder lacks it."""
+    if encoding == BYTE_LEVEL:
+        return decode_byte_level_piece
+    byte_fallback = not description or "ByteFallback" in description
+    return lambda piece: decode_sentencepiece_piece(piece, byte_fallback=byte_fallback)
+
+
+def huggingface_token_bytes(tokenizer: Any) -> tuple[list[bytes], set[int], set[int]]:
+    """Decode a Hugging Face tokenizer into (token bytes by id, eos ids, special ids).
+
+    * Added tokens (``added_tokens_decoder``) are plain text: their content, UTF-8
+      encoded; ``special=True`` ones are special ids.
+    * Base pieces: byte-level → GPT-2 byte map; SentencePiece → ``▁`` is a space and
+      ``<0xNN>`` the single byte 0xNN (the piece's bytes mid-sequence: the decoder's
+      strip of the first token's leading space is not applied).
+    * Ids without a piece (holes before the largest added id) and ``[PAD<id>]``
+      filler pieces (even when registered as added tokens) → ``b""`` and special.
+    * ``all_special_ids`` and the eos ids (see ``_eos_ids``) are special.
+
+    Raises VocabularyError when the tokenizer lacks the required methods, is neither
+    byte-level nor SentencePiece, or declares no eos token. Cost: one
+    ``convert_ids_to_tokens`` call over all ids plus O(total piece length).
+    """
+    label = f"{type(tokenizer).__name__}({tokenizer_name(tokenizer)!r})"
+    try:
+        added = _added_tokens(tokenizer)
+        size = max(len(tokenizer), max(added, default=-1) + 1)
+        pieces = list(tokenizer.convert_ids_to_tokens(list(range(size))))
+    except (AttributeError, TypeError) as error:
+        raise VocabularyError(f"{label}: not a usable Hugging Face tokenizer: {error}") from error
+    encoding = detect_encoding(tokenizer, pieces, set(added))
+    decode_piece = _piece_decoder(encoding, _decoder_description(tokenizer))
+    token_bytes: list[bytes] = []
+    special_ids: set[int] = set()
+    for token_id, piece in enumerate(pieces):
+        if piece is None or is_padding_piece(piece, token_id):
+            token_bytes.append(b"")
+            special_ids.add(token_id)
+        elif token_id in added:
+            content, special = added[token_id]
+            token_bytes.append(content.encode("utf-8"))
+            if special:
+                special_ids.add(token_id)
+        else:
+            token_bytes.append(decode_piece(piece))
+    declared_special = getattr(tokenizer, "all_special_ids", None) or []
+    special_ids.update(token_id for token_id in declared_special if 0 <= token_id < size)
+    eos_ids = _eos_ids(tokenizer, added, size)
+    if not eos_ids:
+        raise VocabularyError(f"{label}: tokenizer declares no eos token (eos_token_id is None)")
+    return token_bytes, eos_ids, special_ids

@@ -1,0 +1,55 @@
+"""Shared pytest fixtures.
+
+Tokenizer fixtures come from the formline cache (``python scripts/fetch_fixtures.py``
+puts them there). A missing file makes the requesting test ERROR with that command
+in the message; nothing is skipped silently and nothing is downloaded here.
+"""
+
+from __future__ import annotations
+
+import pathlib
+import sys
+from typing import Any
+
+import pytest
+
+try:
+    import formline.vocab  # noqa: F401  (installed, or on PYTHONPATH)
+except ImportError:  # running from a plain checkout: use the src layout directly
+    sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1] / "src"))
+
+from formline.vocab import Vocabulary
+from formline.vocab.fixtures import fixture_path
+
+
+def load_huggingface_tokenizer(name: str) -> Any:
+    """Load the transformers tokenizer of a cached GGUF fixture (imports transformers)."""
+    from transformers import AutoTokenizer
+
+    path = fixture_path(name)
+    return AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name)
+
+
+@pytest.fixture(scope="session")
+def smollm2_vocab() -> Vocabulary:
+    return Vocabulary.from_gguf(fixture_path("smollm2"))
+
+
+@pytest.fixture(scope="session")
+def phi3_vocab() -> Vocabulary:
+    return Vocabulary.from_gguf(fixture_path("phi-3"))
+
+
+@pytest.fixture(scope="session")
+def qwen2_vocab() -> Vocabulary:
+    return Vocabulary.from_gguf(fixture_path("qwen2"))
+
+
+@pytest.fixture(scope="session")
+def smollm2_tokenizer() -> Any:
+    return load_huggingface_tokenizer("smollm2")
+
+
+@pytest.fixture(scope="session")
+def phi3_tokenizer() -> Any:
+    return load_huggingface_tokenizer("phi-3")
