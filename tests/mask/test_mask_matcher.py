@@ -76,6 +76,18 @@ def test_rollback_restores_masks_and_termination() -> None:
         matcher.rollback(5)
 
 
+def test_state_key_is_hashable_and_tracks_the_parse_state() -> None:
+    matcher = matcher_for(Grammar.from_regex(r"(ab)+"))
+    start = matcher.state_key()
+    assert matcher.accept_token(TOKEN[b"ab"])
+    after_one = matcher.state_key()
+    assert after_one != start and hash(after_one) is not None
+    assert matcher.accept_token(TOKEN[b"ab"])
+    assert matcher.state_key() == after_one  # the same DFA state: one cached mask
+    matcher.rollback(2)
+    assert matcher.state_key() == start
+
+
 def test_jump_forward_string_is_forced_text_and_does_not_move() -> None:
     matcher = matcher_for(Grammar.from_regex(r'\{"name":"[a-z]+","age":[0-9]+\}'))
     assert matcher.find_jump_forward_string() == '{"name":"'

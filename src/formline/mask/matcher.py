@@ -52,6 +52,10 @@ class GrammarMatcher:
         """Whether a stop token has been accepted."""
         return self._terminated
 
+    def state_key(self) -> tuple[frozenset[Stack], bool, bool]:
+        """A hashable key of the parse state: equal keys have equal masks from here on."""
+        return (self._stacks, self._can_end, self._terminated)
+
     def can_end(self) -> bool:
         """Whether the text so far is a complete string of the grammar (a stop token is allowed)."""
         return self._can_end and not self._terminated
