@@ -63,8 +63,8 @@ def apply_token_bitmask_inplace(
 
     ``logits`` is ``(vocab,)`` or ``(batch, vocab)``; ``bitmask`` is ``(words,)`` or
     ``(batch, words)``. Logits beyond the bitmask's coverage are disallowed; bitmask bits beyond
-    the logits are ignored. ``indices`` selects which batch rows to mask (bitmask row i applies
-    to logits row indices[i]... as in XGrammar: rows of both at the same positions).
+    the logits are ignored. ``indices`` selects the batch rows to mask (default: all); row ``i``
+    of the logits takes row ``i`` of the bitmask, as in XGrammar.
 
     Raises:
         ValueError: the batch sizes of logits and bitmask disagree.
