@@ -1,10 +1,12 @@
 """Per-vocabulary preprocessing: every grammar-usable token as bytes in flat numpy arrays.
 
 Tokens are grouped by first byte, so a walk from an automaton state only touches the groups
-its state can start with: from a state that expects ``{`` that is a few hundred of Qwen2's
-151,643 tokens rather than all of them. The walk itself is vectorised: one numpy gather per
-byte column over the tokens still alive, so a state inside a JSON string (where about 97% of
-tokens survive) costs a few milliseconds once, at compile time, and nothing at decode time.
+its state can start with: from a state that expects ``{`` that is 60 of Qwen2's 151,643
+usable tokens rather than all of them. The walk itself is vectorised: one numpy gather per
+byte column over the tokens still alive, so a state inside a JSON string (96.9% of Qwen2's
+tokens contain no quote, backslash or control byte) costs about 1 ms per state on Qwen2
+(0.42 s for the 340 walks of the email regex, profiled), once at compile time, and nothing
+at decode time.
 """
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ import numpy as np
 from formline.vocab import Vocabulary
 
 # Tokens up to this many bytes are walked once per class of states that agree on every path
-# of this length; 99% of Qwen2's and SmolLM2's tokens are this short.
+# of this length; 98.7% of Qwen2's and 99.7% of SmolLM2's usable tokens are this short.
 SHORT_TOKEN_BYTES = 16
 ACCEPTING = 1  # bits of the per-state ``kinds`` array given to :meth:`TokenIndex.walk`
 CALLING = 2
@@ -156,12 +158,6 @@ class TokenIndex:
         all_offsets = np.repeat(np.array(offsets, dtype=np.int64), [len(p) for p in positions])
         keep = is_plain_dead[all_positions]
         return self.token_ids[all_positions[keep]], all_offsets[keep]
-
-    def token_bytes_at(self, token_id: int) -> bytes:
-        """Bytes of a usable token id (slow path helper for tests and walks)."""
-        position = int(np.nonzero(self.token_ids == token_id)[0][0])
-        start = int(self.offsets[position])
-        return self.data[start : start + int(self.lengths[position])].tobytes()
 
 
 def _concatenate_ranges(starts: np.ndarray, ends: np.ndarray) -> np.ndarray:

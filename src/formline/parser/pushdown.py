@@ -7,8 +7,8 @@ cycle keep their own DFA and are entered through *call edges*; a parser configur
 a small set of stacks of DFA states (GLR-style, like XGrammar's persistent-stack PDA), and
 every stack top has a precomputed token mask (see :mod:`formline.mask.compiled`). An Earley
 parser (llguidance's choice) would also handle left recursion and ambiguity gracefully, but
-its items do not map onto precomputed per-state masks as directly, and in pure Python a
-per-byte Earley step costs tens of microseconds where a DFA step costs one table lookup.
+its items do not map onto precomputed per-state masks as directly, and in pure Python each
+Earley step allocates items where a DFA step here is one table lookup per stack.
 Left recursion is refused at compile time, as llama.cpp does; ambiguity is bounded by
 ``stack_limit`` (a clear error, never a hang).
 
@@ -155,10 +155,6 @@ class PushdownAutomaton:
                 return True
             current, _, _ = self.closure(raw)
         return True
-
-    def can_end(self, stacks: frozenset[Stack]) -> bool:
-        """Whether the root can finish from ``stacks`` (closed or not). Costs one closure."""
-        return self.closure(list(stacks))[1]
 
     def initial(self) -> tuple[frozenset[Stack], bool]:
         """The closed start configuration and whether the empty string is accepted."""
