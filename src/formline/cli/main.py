@@ -3,8 +3,9 @@
 ``formline demo`` runs constrained generation over SmolLM2's real 49,152-token vocabulary.
 Until the model backends land, the "model" is a stand-in scorer in the spirit of seed 000:
 it wants to answer chattily (a preamble, a Markdown fence, the age as words), and the mask
-forces its choices onto the grammar. ``formline compile`` compiles a grammar and prints what
-it cost. Errors are one line on stderr; exit codes: 0 ok, 1 usage, 2 bad input.
+forces its choices onto the grammar. ``formline compile`` compiles a grammar (regex, EBNF,
+GBNF or a JSON Schema, whose report of every keyword it prints) and what it cost. Errors
+are one line on stderr; exit codes: 0 ok, 1 usage, 2 bad input.
 """
 
 from __future__ import annotations
@@ -99,6 +100,8 @@ def _show(vocabulary: Vocabulary, token_id: int) -> str:
 
 
 def run_compile(arguments: argparse.Namespace) -> int:
+    if arguments.schema:
+        return _compile_schema(arguments)
     if arguments.regex is not None:
         grammar = Grammar.from_regex(arguments.regex)
     elif arguments.ebnf:
@@ -108,6 +111,25 @@ def run_compile(arguments: argparse.Namespace) -> int:
     vocabulary = _load_vocabulary(arguments.vocabulary)
     compiled = compile_grammar(grammar, vocabulary, disk_cache=not arguments.no_cache)
     print(compiled.statistics_text())
+    return 0
+
+
+def _compile_schema(arguments: argparse.Namespace) -> int:
+    """Compile a JSON Schema file and print the keyword report and the compile cost."""
+    from formline.schema import compile_schema, schema_of
+
+    schema = schema_of(Path(arguments.schema).read_text(encoding="utf-8"))
+    vocabulary = _load_vocabulary(arguments.vocabulary)
+    compiled = compile_schema(
+        schema,
+        vocabulary,
+        whitespace=arguments.whitespace,
+        on_unsupported=arguments.on_unsupported,
+        max_string_length=arguments.max_string_length,
+        disk_cache=not arguments.no_cache,
+    )
+    print(compiled.report.to_text())
+    print(compiled.compiled_grammar.statistics_text())
     return 0
 
 
@@ -124,6 +146,14 @@ def build_parser() -> argparse.ArgumentParser:
     source.add_argument("--regex")
     source.add_argument("--ebnf", help="a grammar file in formline's EBNF")
     source.add_argument("--gbnf", help="a llama.cpp GBNF grammar file")
+    source.add_argument("--schema", help="a JSON Schema file: prints what each keyword became")
+    compile_command.add_argument(
+        "--whitespace", type=int, default=None, help="at most N whitespace bytes between tokens"
+    )
+    compile_command.add_argument(
+        "--on-unsupported", choices=("error", "check_after", "ignore"), default="error"
+    )
+    compile_command.add_argument("--max-string-length", type=int, default=None)
     compile_command.add_argument("--vocabulary", help="a GGUF file (default: SmolLM2)")
     compile_command.add_argument("--no-cache", action="store_true", help="skip the disk cache")
     compile_command.set_defaults(handler=run_compile)

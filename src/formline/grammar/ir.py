@@ -143,6 +143,10 @@ class Grammar:
     rules: dict[str, Node]
     start: str = "root"
     source: str = field(default="", compare=False)
+    # Rules entered through call edges even when they are not recursive. Inlining copies a
+    # rule into every caller, so a sub-grammar referenced from n places (or a chain of rules
+    # that each reference the next two) costs n copies; a called rule costs one DFA.
+    called_rules: frozenset[str] = frozenset()
 
     def __post_init__(self) -> None:
         if self.start not in self.rules:
@@ -151,6 +155,9 @@ class Grammar:
             for node in walk(body):
                 if isinstance(node, RuleReference) and node.name not in self.rules:
                     raise GrammarError(f"rule {name!r} references undefined rule {node.name!r}")
+        unknown = sorted(self.called_rules - self.rules.keys())
+        if unknown:
+            raise GrammarError(f"called rules {unknown} are not defined")
 
     def fingerprint(self) -> str:
         """A stable hash of the rules (the cache key of compiled grammars). Costs O(size)."""
@@ -158,6 +165,8 @@ class Grammar:
         digest.update(self.start.encode())
         for name in sorted(self.rules):
             digest.update(b"\x00" + name.encode() + b"\x01" + repr(self.rules[name]).encode())
+        for name in sorted(self.called_rules):
+            digest.update(b"\x02" + name.encode())
         return digest.hexdigest()
 
     @classmethod

@@ -4,16 +4,23 @@ Supported: literals and escapes (``\\n \\t \\r \\f \\v \\xHH \\uHHHH \\UHHHHHHHH
 metacharacters), ``.`` (any character but newline), classes ``[a-z]``, ``[^...]`` with Unicode
 ranges, ``\\d \\w \\s`` and their negations, groups ``(...)``, ``(?:...)``, ``(?P<name>...)``,
 alternation, quantifiers ``* + ? {m} {m,} {m,n}`` (lazy forms accepted: laziness does not
-change the language), and ``^``/``$`` at the very ends of the pattern.
+change the language), and ``^``/``$`` at the ends of the pattern or of a top-level alternative.
 
 ``\\d``, ``\\w`` and ``\\s`` are ASCII, as in ECMA-262 and ``re.ASCII``: ``[0-9]``,
 ``[A-Za-z0-9_]`` and ``[ \\t\\n\\r\\f\\v]``. The whole pattern must match (``re.fullmatch``).
 
 Unsupported constructs (lookaround, backreferences, ``\\b``, inline flags, anchors in the
 middle) raise :class:`GrammarError` with the position instead of being ignored.
+
+:class:`RegexParser` is the extension point for other dialects: a subclass overrides the hooks
+(:meth:`~RegexParser.set_node`, :meth:`~RegexParser.literal_node`, ``DOT_EXCLUDES``,
+:meth:`~RegexParser.parse_escape`, ...), and :meth:`~RegexParser.parse_branches` tells which
+top-level alternatives are anchored (see :mod:`formline.schema.patterns` for ECMA-262).
 """
 
 from __future__ import annotations
+
+from typing import ClassVar, NamedTuple
 
 from formline.grammar.ir import (
     EMPTY,
@@ -41,13 +48,35 @@ def parse_regex(pattern: str) -> Node:
         GrammarError: malformed or unsupported syntax, with the character position.
     Costs O(len(pattern)).
     """
-    return _RegexParser(pattern).parse()
+    return RegexParser(pattern).parse()
 
 
-class _RegexParser:
+class RegexBranch(NamedTuple):
+    """One top-level alternative and whether it starts with ``^`` / ends with ``$``."""
+
+    node: Node
+    anchored_start: bool
+    anchored_end: bool
+
+
+class RegexParser:
+    """Recursive-descent parser of one pattern (Python ``re`` dialect, raw UTF-8 output)."""
+
+    DOT_EXCLUDES: ClassVar[CodePointRanges] = [(0x0A, 0x0A)]  # ``.`` is any character but these
+
     def __init__(self, pattern: str):
         self.pattern = pattern
         self.position = 0
+        self.depth = 0  # group nesting: anchors are only understood at depth 0
+        self.anchored_end = False
+
+    def set_node(self, ranges: CodePointRanges) -> Node:
+        """The node for one character out of ``ranges`` (hook: raw UTF-8 here)."""
+        return code_points_to_node(ranges)
+
+    def literal_node(self, character: str) -> Node:
+        """The node for one literal character (hook: raw UTF-8 here)."""
+        return Literal(character.encode("utf-8"))
 
     def error(self, message: str, position: int | None = None) -> GrammarError:
         where = self.position if position is None else position
@@ -64,14 +93,28 @@ class _RegexParser:
         return character
 
     def parse(self) -> Node:
-        if self.peek() == "^":
+        """The whole pattern with full-match semantics (anchors at the ends are no-ops)."""
+        options = tuple(branch.node for branch in self.parse_branches())
+        return options[0] if len(options) == 1 else Choice(options)
+
+    def parse_branches(self) -> list[RegexBranch]:
+        """The top-level alternatives with their anchors. Costs O(len(pattern))."""
+        branches: list[RegexBranch] = []
+        while True:
+            anchored_start = self.peek() == "^"
+            if anchored_start:
+                self.position += 1
+            self.anchored_end = False
+            node = self.parse_sequence()
+            branches.append(RegexBranch(node, anchored_start, self.anchored_end))
+            if self.peek() != "|":
+                break
             self.position += 1
-        node = self.parse_alternation()
         if self.position < len(self.pattern):
             if self.pattern[self.position] == ")":
                 raise self.error("unbalanced ')'")
             raise self.error(f"unexpected {self.pattern[self.position]!r}")
-        return node
+        return branches
 
     def parse_alternation(self) -> Node:
         options = [self.parse_sequence()]
@@ -84,12 +127,14 @@ class _RegexParser:
         items: list[Node] = []
         while (character := self.peek()) is not None and character not in "|)":
             if character == "$":
-                if self.position == len(self.pattern) - 1:
+                following = self.pattern[self.position + 1 : self.position + 2]
+                if self.depth == 0 and following in ("", "|"):
                     self.position += 1
+                    self.anchored_end = True
                     break
-                raise self.error("'$' is only supported at the end of the pattern")
+                raise self.error("'$' is only supported at the end of a top-level alternative")
             if character == "^":
-                raise self.error("'^' is only supported at the start of the pattern")
+                raise self.error("'^' is only supported at the start of a top-level alternative")
             items.append(self.parse_quantified())
         if not items:
             return EMPTY
@@ -147,19 +192,19 @@ class _RegexParser:
         if character == "(":
             return self.parse_group(start)
         if character == "[":
-            return code_points_to_node(self.parse_class())
+            return self.set_node(self.parse_class())
         if character == ".":
-            return code_points_to_node(complement([(0x0A, 0x0A)]))
+            return self.set_node(complement(self.DOT_EXCLUDES))
         if character == "\\":
             escaped = self.parse_escape(in_class=False)
             if isinstance(escaped, list):
-                return code_points_to_node(escaped)
-            return Literal(escaped.encode("utf-8"))
+                return self.set_node(escaped)
+            return self.literal_node(escaped)
         if character in "*+?":
             raise self.error("nothing to repeat", start)
         if character == "{" and self.parse_brace_is_quantifier(start):
             raise self.error("nothing to repeat", start)
-        return Literal(character.encode("utf-8"))
+        return self.literal_node(character)
 
     def parse_brace_is_quantifier(self, start: int) -> bool:
         self.position = start
@@ -172,19 +217,28 @@ class _RegexParser:
     def parse_group(self, start: int) -> Node:
         if self.peek() == "?":
             self.position += 1
-            kind = self.take()
-            if kind == "P" and self.peek() == "<":
-                closing = self.pattern.find(">", self.position)
-                if closing < 0:
-                    raise self.error("unterminated group name", start)
-                self.position = closing + 1
-            elif kind != ":":
-                raise self.error(f"unsupported group construct '(?{kind}'", start)
+            self.parse_group_prefix(start)
+        self.depth += 1
         node = self.parse_alternation()
+        self.depth -= 1
         if self.peek() != ")":
             raise self.error("missing ')', unterminated group", start)
         self.position += 1
         return node
+
+    def parse_group_prefix(self, start: int) -> None:
+        """Consume what follows ``(?``: ``:`` or ``P<name>``; anything else is unsupported."""
+        kind = self.take()
+        if kind == "P" and self.peek() == "<":
+            self.skip_group_name(start)
+        elif kind != ":":
+            raise self.error(f"unsupported group construct '(?{kind}'", start)
+
+    def skip_group_name(self, start: int) -> None:
+        closing = self.pattern.find(">", self.position)
+        if closing < 0:
+            raise self.error("unterminated group name", start)
+        self.position = closing + 1
 
     def parse_escape(self, in_class: bool) -> str | CodePointRanges:
         start = self.position - 1

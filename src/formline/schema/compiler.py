@@ -1,0 +1,440 @@
+"""JSON Schema (draft 2020-12 and draft 7) to the grammar IR, keyword by keyword.
+
+The compiler walks the schema once. Each schema object becomes the alternation of one branch
+per JSON type it allows (``type`` or, when absent, every type), each branch carrying the
+keywords of its type; ``anyOf``/``oneOf`` distribute over sibling keywords, ``allOf`` merges
+(:mod:`.merge`), ``$ref`` targets become named rules (recursive ones are called, not inlined).
+Every keyword is recorded in the :class:`~formline.schema.report.SchemaReport`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from jsonschema import Draft7Validator, Draft202012Validator
+from jsonschema_specifications import REGISTRY as SPECIFICATIONS
+from referencing import Resource
+from referencing.exceptions import Unresolvable
+from referencing.jsonschema import DRAFT7, DRAFT202012
+
+from formline.grammar.ir import Grammar, GrammarError, Literal, Node, RuleReference
+from formline.schema.json_text import (
+    ANY_VALUE_RULE,
+    NOTHING,
+    JsonText,
+    choice,
+    compact_json,
+    expanded_size,
+    is_nothing,
+)
+from formline.schema.merge import ALL_TYPE_KEYWORDS, Schema, as_object, merge, type_set
+from formline.schema.report import SchemaError, SchemaReport
+
+ANNOTATIONS = frozenset(
+    {
+        "title",
+        "description",
+        "default",
+        "examples",
+        "example",
+        "$comment",
+        "deprecated",
+        "readOnly",
+        "writeOnly",
+        "$schema",
+        "$id",
+        "id",
+        "$anchor",
+        "$defs",
+        "definitions",
+        "contentMediaType",
+        "contentEncoding",
+        "contentSchema",
+        "$vocabulary",
+        "discriminator",
+        "xml",
+        "externalDocs",
+    }
+)
+AFTER_ONLY = {
+    "uniqueItems": "uniqueness of items",
+    "not": "negation",
+    "if": "conditional",
+    "then": "conditional",
+    "else": "conditional",
+    "dependentRequired": "dependent properties",
+    "dependentSchemas": "dependent schemas",
+    "dependencies": "dependent properties",
+    "contains": "contains",
+    "minContains": "contains",
+    "maxContains": "contains",
+    "unevaluatedProperties": "unevaluated properties",
+    "unevaluatedItems": "unevaluated items",
+}
+UNSUPPORTED = frozenset(("$dynamicRef", "$dynamicAnchor", "$recursiveRef", "$recursiveAnchor"))
+HANDLED = frozenset(
+    {"type", "enum", "const", "$ref", "allOf", "anyOf", "oneOf", "nullable"} | ALL_TYPE_KEYWORDS
+)
+DRAFT7_URIS = ("draft-07", "draft-06", "draft-04", "draft-03")
+ON_UNSUPPORTED = ("error", "check_after", "ignore")
+
+
+@dataclass(frozen=True)
+class SchemaOptions:
+    """How a schema becomes a grammar.
+
+    Attributes:
+        whitespace: ``None`` for compact JSON, else at most this many whitespace bytes
+            between tokens (never unbounded).
+        on_unsupported: ``"error"`` (default: fail the compile, naming keyword and pointer),
+            ``"check_after"`` (leave it to the after-check) or ``"ignore"``.
+        max_string_length: a cap on strings without ``maxLength`` (``None``: no cap). The
+            report states it: a capped string can refuse a longer valid value.
+        max_depth: nesting limit of schema objects (deeper raises ``SchemaError``).
+        max_enum_bytes: limit on the total text of ``enum`` values.
+    """
+
+    whitespace: int | None = None
+    on_unsupported: str = "error"
+    max_string_length: int | None = None
+    max_depth: int = 64
+    max_enum_bytes: int = 1_000_000
+
+
+class SchemaCompiler:
+    """Compiles one root schema; :meth:`grammar` returns the grammar, ``report`` the lists."""
+
+    def __init__(self, schema: Any, options: SchemaOptions):
+        if options.on_unsupported not in ON_UNSUPPORTED:
+            raise ValueError(f"on_unsupported must be one of {ON_UNSUPPORTED}")
+        self.options = options
+        self.root = as_object(schema, "")
+        check_nesting(self.root, 2 * options.max_depth)
+        self.resolver, self.specification, self.is_draft7 = root_resolver(self.root)
+        validator = Draft7Validator if self.is_draft7 else Draft202012Validator
+        self.format_checker = validator.FORMAT_CHECKER
+        self.text = JsonText(options.whitespace)
+        self.report = SchemaReport()
+        self.rules: dict[str, Node] = {}
+        self.reference_rules: dict[int, str] = {}
+        self.reference_counts: dict[str, int] = {}
+        self.uses_any_value = False
+        self.forced_called: set[str] = set()
+        self._describe_settings()
+
+    def _describe_settings(self) -> None:
+        settings = self.report.settings
+        settings["draft"] = "draft 7" if self.is_draft7 else "draft 2020-12"
+        settings["whitespace"] = (
+            "compact (none between tokens)"
+            if not self.options.whitespace
+            else f"at most {self.options.whitespace} bytes between tokens"
+        )
+        settings["strings"] = (
+            "no length cap beyond maxLength"
+            if self.options.max_string_length is None
+            else f"capped at {self.options.max_string_length} characters where no maxLength"
+        )
+        settings["property order"] = "as declared; optional properties may be skipped"
+        settings["annotations"] = "title, description, default, examples ... ignored"
+
+    # ------------------------------------------------------------------ entry points
+    def grammar(self) -> Grammar:
+        """Compile the root schema.
+
+        Raises:
+            SchemaError: invalid or unresolvable schema, or an unsupported keyword when
+                ``on_unsupported="error"``; names the keyword and JSON pointer.
+        """
+        root = self.value(self.root, "", self.resolver, 0)
+        if is_nothing(root):
+            raise SchemaError("the schema accepts no value at all", "")
+        rules = dict(self.rules)
+        rules["root"] = root
+        if self.uses_any_value:
+            rules.update(self.text.any_value_rules())
+        called = frozenset(
+            name
+            for name, count in self.reference_counts.items()
+            if count > 1 and _node_count(rules[name]) > 8
+        ) | frozenset(self.forced_called)
+        return Grammar(rules, "root", called_rules=called)
+
+    # ------------------------------------------------------------------ reporting
+    def record(self, kind: str, keyword: str, pointer: str, note: str = "") -> None:
+        self.report.add(kind, keyword, pointer, note)
+
+    def unsupported(self, keyword: str, pointer: str, note: str) -> None:
+        """An unsupported keyword: fail, or hand it to the after-check, as configured."""
+        policy = self.options.on_unsupported
+        if policy == "error":
+            raise SchemaError(f"unsupported: {note}", pointer, keyword)
+        kind = "checked_after" if policy == "check_after" else "unsupported"
+        self.record(kind, keyword, pointer, f"unsupported by the grammar: {note}")
+
+    # ------------------------------------------------------------------ schema objects
+    def value(self, schema: Any, pointer: str, resolver: Any, depth: int) -> Node:
+        """The IR of every JSON text valid under ``schema`` (or a superset, reported)."""
+        if depth > self.options.max_depth:
+            raise SchemaError(f"schema nested deeper than {self.options.max_depth}", pointer)
+        if schema is True or schema == {}:
+            return self.any_value()
+        schema = as_object(schema, pointer)
+        if "$id" in schema and pointer and isinstance(schema["$id"], str):
+            resolver = resolver.in_subresource(self.specification.create_resource(schema))
+        self._record_unhandled(schema, pointer)
+        if "$ref" in schema:
+            return self.reference(schema, pointer, resolver, depth)
+        if "allOf" in schema:
+            return self.all_of(schema, pointer, resolver, depth)
+        for keyword in ("anyOf", "oneOf"):
+            if keyword in schema:
+                return self.any_of(schema, keyword, pointer, resolver, depth)
+        return self.typed(schema, pointer, resolver, depth)
+
+    def _record_unhandled(self, schema: Schema, pointer: str) -> None:
+        for keyword in schema:
+            if keyword in HANDLED or keyword in ANNOTATIONS:
+                continue
+            if keyword in AFTER_ONLY:
+                self.record("checked_after", keyword, pointer, AFTER_ONLY[keyword])
+            elif keyword in UNSUPPORTED:
+                self.unsupported(keyword, pointer, "dynamic references")
+            else:
+                self.record("ignored", keyword, pointer, "unknown keyword (validators ignore it)")
+
+    def shared(self, node: Node, prefix: str, force: bool = False) -> Node:
+        """``node`` as a rule of its own, entered by a call (compiled once, not copied into
+        every place that uses it); small nodes stay inline unless ``force``."""
+        name = f"{prefix}{len(self.rules)}"
+        self.rules[name] = node
+        self.reference_counts[name] = 2
+        if force:
+            self.forced_called.add(name)
+        return RuleReference(name)
+
+    def any_value(self) -> Node:
+        self.uses_any_value = True
+        return RuleReference(ANY_VALUE_RULE)
+
+    # ------------------------------------------------------------------ $ref
+    def reference(self, schema: Schema, pointer: str, resolver: Any, depth: int) -> Node:
+        target, target_resolver, target_pointer = self.resolve(schema, pointer, resolver)
+        siblings = {
+            key: value
+            for key, value in schema.items()
+            if key != "$ref" and key not in ANNOTATIONS and key not in AFTER_ONLY
+        }
+        self.record("enforced", "$ref", pointer)
+        if self.is_draft7 and siblings:
+            for keyword in siblings:
+                self.record("ignored", keyword, pointer, "beside $ref in draft 7")
+            siblings = {}
+        if siblings:  # 2020-12: $ref and its siblings both apply
+            rest = dict(siblings)
+            rest["allOf"] = [*rest.get("allOf", []), {"$ref": schema["$ref"]}]
+            return self.all_of(rest, pointer, resolver, depth)
+        key = id(target)
+        name = self.reference_rules.get(key)
+        if name is None:
+            name = f"ref{len(self.reference_rules)}"
+            self.reference_rules[key] = name
+            self.reference_counts[name] = 0
+            self.rules[name] = NOTHING  # placeholder while the body compiles (recursion)
+            body = self.value(target, target_pointer, target_resolver, depth + 1)
+            self.rules[name] = body
+        self.reference_counts[name] += 1
+        return RuleReference(name)
+
+    def resolve(self, schema: Schema, pointer: str, resolver: Any) -> tuple[Any, Any, str]:
+        reference = schema["$ref"]
+        if not isinstance(reference, str):
+            raise SchemaError("$ref must be a string", pointer, "$ref")
+        try:
+            resolved = resolver.lookup(reference)
+        except (Unresolvable, ValueError, LookupError, TypeError) as error:
+            message = f"$ref {reference!r} does not resolve ({error})"
+            raise SchemaError(message, pointer, "$ref") from error
+        target_pointer = reference.partition("#")[2] if "#" in reference else reference
+        return resolved.contents, resolved.resolver, target_pointer
+
+    # ------------------------------------------------------------------ combinators
+    def all_of(self, schema: Schema, pointer: str, resolver: Any, depth: int) -> Node:
+        branches = schema["allOf"]
+        if not isinstance(branches, list) or not branches:
+            raise SchemaError("allOf must be a non-empty array", pointer, "allOf")
+        merged = {key: value for key, value in schema.items() if key != "allOf"}
+        for index, branch in enumerate(branches):
+            branch_pointer = f"{pointer}/allOf/{index}"
+            branch = self._inline_references(
+                as_object(branch, branch_pointer), branch_pointer, resolver
+            )
+            branch = {key: value for key, value in branch.items() if key not in ("$id", "$schema")}
+            merged, notes = merge(merged, branch, pointer)
+            for keyword, note in notes:
+                self.record("checked_after", keyword, branch_pointer, note)
+        self.record("enforced", "allOf", pointer, "merged into one schema")
+        return self.value(merged, pointer, resolver, depth + 1)
+
+    def _inline_references(self, schema: Schema, pointer: str, resolver: Any) -> Schema:
+        """Follow ``$ref`` chains of an allOf branch so it merges as a plain object."""
+        for _ in range(self.options.max_depth):
+            if "$ref" not in schema:
+                return schema
+            target, resolver, _ = self.resolve(schema, pointer, resolver)
+            rest = {key: value for key, value in schema.items() if key != "$ref"}
+            target = as_object(target, pointer)
+            if self.is_draft7:
+                rest = {}
+            schema, notes = merge(dict(target), rest, pointer)
+            for keyword, note in notes:
+                self.record("checked_after", keyword, pointer, note)
+        raise SchemaError("$ref chain too long (a reference cycle through allOf?)", pointer, "$ref")
+
+    def any_of(self, schema: Schema, keyword: str, pointer: str, resolver: Any, depth: int) -> Node:
+        branches = schema[keyword]
+        if not isinstance(branches, list) or not branches:
+            raise SchemaError(f"{keyword} must be a non-empty array", pointer, keyword)
+        rest = {key: value for key, value in schema.items() if key != keyword}
+        options = []
+        for index, branch in enumerate(branches):
+            branch_pointer = f"{pointer}/{keyword}/{index}"
+            if _has_constraints(rest):
+                combined = {"allOf": [rest, branch]} if rest else branch
+            else:
+                combined = branch
+            options.append(self.value(combined, branch_pointer, resolver, depth + 1))
+        if keyword == "oneOf" and not _are_disjoint(branches, resolver):
+            self.record(
+                "checked_after", "oneOf", pointer, "branches may overlap: exactly-one checked after"
+            )
+        self.record("enforced", keyword, pointer)
+        return choice(options)
+
+    # ------------------------------------------------------------------ types
+    def typed(self, schema: Schema, pointer: str, resolver: Any, depth: int) -> Node:
+        from formline.schema.values import typed_value
+
+        return typed_value(self, schema, pointer, resolver, depth)
+
+    def enum_node(self, values: list[Any], pointer: str) -> Node:
+        total = sum(len(compact_json(value)) for value in values)
+        if total > self.options.max_enum_bytes:
+            raise SchemaError(
+                f"enum of {total} bytes is over the limit of {self.options.max_enum_bytes}",
+                pointer,
+                "enum",
+            )
+        options: list[Node] = []
+        for value in values:
+            options.append(self.text.literal(value))
+            # JSON Schema equality: 1 and 1.0 are the same value, so both spellings match.
+            is_number = isinstance(value, int | float) and not isinstance(value, bool)
+            if is_number and float(value).is_integer() and abs(value) < 1e16:
+                options.append(Literal(compact_json(int(value))))
+                options.append(Literal(compact_json(float(value))))
+        return choice(options)
+
+
+def check_nesting(root: Any, limit: int) -> None:
+    """Refuse JSON nested deeper than ``limit`` before anything recurses into it (the
+    ``referencing`` crawl and the compiler recurse per level: 200 levels overflowed)."""
+    pending = [(root, 0, "")]
+    while pending:
+        node, depth, pointer = pending.pop()
+        if depth > limit:
+            raise SchemaError(f"schema nested deeper than {limit} JSON levels", pointer)
+        if isinstance(node, dict):
+            pending.extend((value, depth + 1, f"{pointer}/{key}") for key, value in node.items())
+        elif isinstance(node, list):
+            pending.extend(
+                (value, depth + 1, f"{pointer}/{index}") for index, value in enumerate(node)
+            )
+
+
+def root_resolver(root: Any) -> tuple[Any, Any, bool]:
+    """(a ``referencing`` resolver of ``root``, its specification, whether it is draft 7 or
+    older). Embedded ``$id`` resources are indexed; the drafts' meta-schemas resolve too."""
+    uri = str(root.get("$schema", "")) if isinstance(root, dict) else ""
+    is_draft7 = any(marker in uri for marker in DRAFT7_URIS)
+    specification = DRAFT7 if is_draft7 else DRAFT202012
+    base = root.get("$id", "") if isinstance(root, dict) else ""
+    base = base if isinstance(base, str) else ""
+    resource = Resource.from_contents(root, default_specification=specification)
+    registry = SPECIFICATIONS.with_resource(base, resource).crawl()
+    return registry.resolver(base), specification, is_draft7
+
+
+def _has_constraints(schema: Schema) -> bool:
+    return any(key not in ANNOTATIONS for key in schema)
+
+
+def _are_disjoint(branches: list[Any], resolver: Any) -> bool:
+    """Whether oneOf branches provably exclude each other: distinct types, or a common
+    required property with distinct const/enum values (a discriminator)."""
+    objects = []
+    for branch in branches:
+        if isinstance(branch, dict) and "$ref" in branch:
+            try:
+                branch = resolver.lookup(branch["$ref"]).contents
+            except (Unresolvable, ValueError, LookupError, TypeError):
+                return False
+        if not isinstance(branch, dict):
+            return False
+        objects.append(branch)
+    types = [type_set(branch, "") for branch in objects]
+    if all(found is not None for found in types):
+        seen: set[str] = set()
+        disjoint = True
+        for found in types:
+            assert found is not None
+            widened = found | ({"integer"} if "number" in found else set())
+            if widened & seen or ("integer" in found and "number" in seen):
+                disjoint = False
+            seen |= widened
+        if disjoint:
+            return True
+    return _has_discriminator(objects)
+
+
+def _has_discriminator(objects: list[Schema]) -> bool:
+    candidates: set[str] | None = None
+    for branch in objects:
+        required = set(branch.get("required", []))
+        tagged = {
+            name
+            for name, sub in branch.get("properties", {}).items()
+            if name in required and isinstance(sub, dict) and ("const" in sub or "enum" in sub)
+        }
+        candidates = tagged if candidates is None else candidates & tagged
+    for name in sorted(candidates or ()):
+        seen: list[Any] = []
+        clash = False
+        for branch in objects:
+            sub = branch["properties"][name]
+            values = [sub["const"]] if "const" in sub else list(sub["enum"])
+            if any(value in seen for value in values):
+                clash = True
+            seen.extend(values)
+        if not clash:
+            return True
+    return False
+
+
+def _node_count(node: Node) -> int:
+    return expanded_size(node)
+
+
+def compile_to_grammar(schema: Any, options: SchemaOptions) -> tuple[Grammar, SchemaReport]:
+    """The grammar and report of ``schema``.
+
+    Raises:
+        SchemaError: see :meth:`SchemaCompiler.grammar`.
+    """
+    compiler = SchemaCompiler(schema, options)
+    try:
+        grammar = compiler.grammar()
+    except GrammarError as error:
+        raise SchemaError(f"grammar construction failed: {error}", "") from error
+    return grammar, compiler.report

@@ -1,0 +1,306 @@
+"""Objects: declared properties in schema order, then additional/pattern properties.
+
+The members form a small automaton over states ``(i, c)``: "at declared property i, c
+members written so far" (c capped at what minProperties/maxProperties need to tell apart, at
+least 1 so the first member has no comma). A required property must be written; an optional
+one may be skipped, and order never changes: field order is the model's reasoning budget.
+A state reached from two places would be copied into both when inlined (quadratic in the
+number of leading optional properties, measured: 30 optional properties of small values gave
+~25k NFA states), so past a size budget shared states become called rules instead.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import TYPE_CHECKING, Any
+
+from formline.grammar.ir import EMPTY, GrammarError, Literal, Node, RuleReference
+from formline.schema.json_text import (
+    NOTHING,
+    choice,
+    compact_json,
+    expanded_size,
+    is_nothing,
+    optional,
+    sequence,
+    string_body_except,
+)
+from formline.schema.merge import Schema, as_object, merge
+from formline.schema.patterns import pattern_node
+from formline.schema.report import SchemaError
+from formline.schema.values import _count, _repeated
+
+if TYPE_CHECKING:
+    from formline.schema.compiler import SchemaCompiler
+
+INLINE_BUDGET_NODES = 3_000  # IR nodes of the fully inlined member automaton
+# A property whose member is bigger than this many IR nodes gets its own (called) rule, so
+# no one object DFA holds every big field: 4 strings of maxLength 255 plus dates took one
+# DFA past its 20,000-state limit.
+SHARED_MEMBER_NODES = 2_000
+State = tuple[int, int]
+
+
+def escape_pointer(name: str) -> str:
+    """A property name as a JSON pointer segment (RFC 6901)."""
+    return name.replace("~", "~0").replace("/", "~1")
+
+
+def object_value(
+    compiler: SchemaCompiler, schema: Schema, pointer: str, resolver: Any, depth: int
+) -> Node:
+    """``{`` members ``}`` for the object keywords of ``schema``."""
+    members = _Members(compiler, schema, pointer, resolver, depth)
+    body = members.build()
+    if is_nothing(body):
+        return NOTHING
+    return sequence(compiler.text.token(b"{"), body, Literal(b"}"))
+
+
+class _Members:
+    def __init__(
+        self, compiler: SchemaCompiler, schema: Schema, pointer: str, resolver: Any, depth: int
+    ):
+        self.compiler = compiler
+        self.schema = schema
+        self.pointer = pointer
+        self.resolver = resolver
+        self.depth = depth
+        self.text = compiler.text
+        self.minimum = _count(schema, "minProperties", pointer)
+        self.maximum = _count(schema, "maxProperties", pointer, None)
+        self.cap = self.maximum if self.maximum is not None else max(self.minimum, 1)
+        properties = schema.get("properties", {})
+        required = schema.get("required", [])
+        if not isinstance(properties, dict):
+            raise SchemaError("properties must be an object", pointer, "properties")
+        if not isinstance(required, list) or not all(isinstance(n, str) for n in required):
+            raise SchemaError("required must be an array of strings", pointer, "required")
+        self.properties = properties
+        self.required = set(required)
+        self.declared: list[tuple[str, Node, bool]] = []
+        self.names: list[str] = []  # every name handled as declared, written or not
+        self.unsatisfiable = False
+
+    def build(self) -> Node:
+        self._record()
+        self._declare()
+        if self.unsatisfiable:
+            return NOTHING
+        extra = self._extra_member()
+        counts = self._reachable()
+        inline = self._inline_size(counts, extra) <= INLINE_BUDGET_NODES
+        nodes: dict[State, Node] = {}
+        for index in range(len(self.declared), -1, -1):
+            for written in range(self.cap + 1):
+                if (index, written) in counts:
+                    node = self._state(index, written, nodes, extra)
+                    if not inline and counts[(index, written)] > 1 and not is_nothing(node):
+                        node = self.compiler.shared(node, "members", force=True)
+                    nodes[(index, written)] = node
+        return nodes[(0, 0)]
+
+    def _record(self) -> None:
+        for keyword in ("properties", "required", "minProperties", "maxProperties"):
+            if keyword in self.schema:
+                self.compiler.record("enforced", keyword, self.pointer)
+        if self.maximum is not None and self.maximum < self.minimum:
+            self.unsatisfiable = True
+
+    # -------------------------------------------------------------- declared properties
+    def _declare(self) -> None:
+        names = list(self.properties)
+        names += [name for name in self.schema.get("required", []) if name not in self.properties]
+        allowed_names = self._names_allowed(names)
+        self.names = names
+        for name in names:
+            is_required = name in self.required
+            if name not in allowed_names:
+                self.unsatisfiable |= is_required
+                continue
+            value_schema = self._property_schema(name)
+            segment = f"{self.pointer}/properties/{escape_pointer(name)}"
+            if name not in self.properties:
+                segment = f"{self.pointer}/required"
+            node = self.compiler.value(value_schema, segment, self.resolver, self.depth + 1)
+            if is_nothing(node):
+                self.unsatisfiable |= is_required
+                continue
+            key = Literal(compact_json(name))
+            member = sequence(key, self.text.space, self.text.token(b":"), node, self.text.space)
+            if _size(member) > SHARED_MEMBER_NODES:
+                member = self.compiler.shared(member, "property", force=True)
+            self.declared.append((name, member, is_required))
+
+    def _property_schema(self, name: str) -> Any:
+        """The schema of a declared name: its own, plus matching patternProperties; a name
+        that is only ``required`` takes additionalProperties."""
+        schemas = []
+        if name in self.properties:
+            schemas.append(self.properties[name])
+        for pattern, sub in self.schema.get("patternProperties", {}).items():
+            if _search(pattern, name):
+                schemas.append(sub)
+        if name not in self.properties and not schemas:
+            schemas.append(self.schema.get("additionalProperties", True))
+        if len(schemas) == 1:
+            return schemas[0]
+        return {"allOf": schemas}
+
+    def _names_allowed(self, names: list[str]) -> set[str]:
+        names_schema = self.schema.get("propertyNames")
+        if names_schema is None:
+            return set(names)
+        from jsonschema import Draft202012Validator
+
+        if isinstance(names_schema, dict) and "$ref" in str(names_schema):
+            return set(names)  # the after-check validates them
+        validator = Draft202012Validator(names_schema)
+        return {name for name in names if validator.is_valid(name)}
+
+    # -------------------------------------------------------------- other members
+    def _extra_member(self) -> Node:
+        """One member that is not a declared property (pattern or additional), or NOTHING."""
+        options: list[Node] = []
+        pointer = self.pointer
+        patterns = self.schema.get("patternProperties", {})
+        if not isinstance(patterns, dict):
+            raise SchemaError("patternProperties must be an object", pointer, "patternProperties")
+        for pattern, sub in patterns.items():
+            segment = f"{pointer}/patternProperties/{escape_pointer(pattern)}"
+            if any(_search(pattern, name) for name in self.names):
+                self.compiler.record(
+                    "checked_after",
+                    "properties",
+                    pointer,
+                    f"a declared name also matches pattern {pattern!r}: written through the "
+                    "pattern's branch it skips the declared schema",
+                )
+            try:
+                key = self.text.string(pattern_node(pattern))
+            except GrammarError as error:
+                self.compiler.unsupported("patternProperties", pointer, str(error))
+                continue
+            value = self.compiler.value(sub, segment, self.resolver, self.depth + 1)
+            options.append(self._member(key, value))
+        if patterns:
+            self.compiler.record("enforced", "patternProperties", pointer)
+        additional = self.schema.get("additionalProperties", True)
+        if additional is not False:
+            segment = f"{pointer}/additionalProperties"
+            value = self.compiler.value(additional, segment, self.resolver, self.depth + 1)
+            options.append(self._member(self._additional_key(), value))
+            if patterns:
+                self.compiler.record(
+                    "checked_after",
+                    "patternProperties",
+                    pointer,
+                    "a key matching a pattern may also take the additionalProperties branch",
+                )
+        if "additionalProperties" in self.schema:
+            self.compiler.record("enforced", "additionalProperties", pointer)
+        member = choice(options)
+        if _size(member) > 40:
+            member = self.compiler.shared(member, "member")
+        return member
+
+    def _additional_key(self) -> Node:
+        names_schema = self.schema.get("propertyNames")
+        if names_schema is not None:
+            self.compiler.record("enforced", "propertyNames", self.pointer)
+            if self.names:
+                self.compiler.record(
+                    "checked_after",
+                    "properties",
+                    self.pointer,
+                    "a key from propertyNames may repeat a declared name",
+                )
+            string_schema, _ = merge(as_object(names_schema, self.pointer), {"type": "string"}, "")
+            return self.compiler.value(
+                string_schema, f"{self.pointer}/propertyNames", self.resolver, self.depth + 1
+            )
+        return self.text.string(string_body_except(self.names, self.text.any_string_body()))
+
+    def _member(self, key: Node, value: Node) -> Node:
+        if is_nothing(value):
+            return NOTHING
+        return sequence(key, self.text.space, self.text.token(b":"), value)
+
+    # -------------------------------------------------------------- the member automaton
+    def _next(self, written: int) -> int | None:
+        if written < self.cap:
+            return written + 1
+        return None if self.maximum is not None else written
+
+    def _reachable(self) -> dict[State, int]:
+        """Reference counts of the states reachable from (0, 0)."""
+        counts: dict[State, int] = {(0, 0): 1}
+        for index in range(len(self.declared)):
+            is_required = self.declared[index][2]
+            for written in range(self.cap + 1):
+                if (index, written) not in counts:
+                    continue
+                following = self._next(written)
+                targets = set()
+                if following is not None:
+                    targets.add((index + 1, following))
+                if not is_required:
+                    targets.add((index + 1, written))
+                for target in targets:
+                    counts[target] = counts.get(target, 0) + 1
+        return counts
+
+    def _inline_size(self, counts: dict[State, int], extra: Node) -> int:
+        sizes: dict[State, int] = {}
+        extra_size = _size(extra)
+        for index in range(len(self.declared), -1, -1):
+            own = extra_size if index == len(self.declared) else _size(self.declared[index][1])
+            for written in range(self.cap + 1):
+                if (index, written) not in counts:
+                    continue
+                following = [
+                    sizes.get((index + 1, target), 0)
+                    for target in {self._next(written), written}
+                    if target is not None
+                ]
+                sizes[(index, written)] = own + sum(following)
+        return sizes[(0, 0)]
+
+    def _state(self, index: int, written: int, nodes: dict[State, Node], extra: Node) -> Node:
+        if index == len(self.declared):
+            return self._extras(written, extra)
+        _, member, is_required = self.declared[index]
+        separator = EMPTY if written == 0 else self.text.token(b",")
+        following = self._next(written)
+        present: Node = NOTHING
+        if following is not None:
+            present = sequence(separator, member, nodes[(index + 1, following)])
+        if is_required:
+            return present
+        if following == written:  # the count no longer matters: factor the choice
+            return sequence(optional(sequence(separator, member)), nodes[(index + 1, written)])
+        return choice([present, nodes[(index + 1, written)]])
+
+    def _extras(self, written: int, extra: Node) -> Node:
+        lowest = max(0, self.minimum - written)
+        highest = None if self.maximum is None else self.maximum - written
+        if is_nothing(extra):
+            return EMPTY if lowest == 0 else NOTHING
+        return _repeated(self.compiler, extra, lowest, highest, first=written == 0)
+
+
+def _search(pattern: str, name: str) -> bool:
+    """Whether a patternProperties regex matches a declared name (Python's ``re`` for the
+    common ECMA subset; a pattern Python cannot read matches nothing here and the
+    after-check decides)."""
+    try:
+        return re.search(pattern, name) is not None
+    except re.error:
+        return False
+
+
+def _size(node: Node) -> int:
+    return expanded_size(node)
+
+
+__all__ = ["RuleReference", "object_value"]

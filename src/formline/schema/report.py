@@ -1,0 +1,92 @@
+"""What the schema compiler did with every keyword: the compile report and ``SchemaError``.
+
+Every keyword of a schema lands in exactly one list, with the JSON pointer of the schema
+object it sits in: ``enforced`` (the grammar makes a violation impossible), ``checked_after``
+(the grammar cannot express it; :meth:`CompiledSchema.check` validates it after decoding) or
+``unsupported`` (neither; by default the compile fails). Annotations (``title``,
+``description``, ``default``, ...) and keywords that validators ignore too (an unknown
+``format``) go to ``ignored``. Nothing is dropped silently.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+class SchemaError(ValueError):
+    """A schema that formline cannot compile: invalid, unresolvable, unsupported or too big.
+
+    ``pointer`` is the JSON pointer of the schema object at fault (``""`` is the root) and
+    ``keyword`` the keyword there, when the problem is tied to one.
+    """
+
+    def __init__(self, message: str, pointer: str = "", keyword: str | None = None):
+        self.message = message
+        self.pointer = pointer
+        self.keyword = keyword
+        where = f" at {pointer or '/'}"
+        if keyword:
+            where = f" ('{keyword}'{where})"
+        super().__init__(f"{message}{where}")
+
+
+@dataclass(frozen=True)
+class KeywordUse:
+    """One keyword at one place of the schema, and what the compiler did with it."""
+
+    keyword: str
+    pointer: str
+    note: str = ""
+
+    def __str__(self) -> str:
+        location = f"{self.pointer or '/'}"
+        return f"{self.keyword} at {location}" + (f": {self.note}" if self.note else "")
+
+
+@dataclass
+class SchemaReport:
+    """The three lists (plus the ignored annotations) of a compiled schema."""
+
+    enforced: list[KeywordUse] = field(default_factory=list)
+    checked_after: list[KeywordUse] = field(default_factory=list)
+    unsupported: list[KeywordUse] = field(default_factory=list)
+    ignored: list[KeywordUse] = field(default_factory=list)
+    settings: dict[str, str] = field(default_factory=dict)
+
+    def add(self, kind: str, keyword: str, pointer: str, note: str = "") -> None:
+        """Record one keyword use; a use already recorded (same list) is not repeated."""
+        target: list[KeywordUse] = getattr(self, kind)
+        use = KeywordUse(keyword, pointer, note)
+        if use not in target:
+            target.append(use)
+
+    def is_exact(self) -> bool:
+        """Whether the grammar alone enforces the whole schema (nothing checked after)."""
+        return not self.checked_after and not self.unsupported
+
+    def to_dict(self) -> dict[str, object]:
+        """A JSON-ready form: lists of {keyword, pointer, note}."""
+
+        def rows(uses: list[KeywordUse]) -> list[dict[str, str]]:
+            return [{"keyword": u.keyword, "pointer": u.pointer, "note": u.note} for u in uses]
+
+        return {
+            "enforced": rows(self.enforced),
+            "checked_after": rows(self.checked_after),
+            "unsupported": rows(self.unsupported),
+            "ignored": rows(self.ignored),
+            "settings": dict(self.settings),
+        }
+
+    def to_text(self) -> str:
+        """A readable summary, the one ``formline compile --schema`` prints."""
+        lines = [f"{name}: {value}" for name, value in self.settings.items()]
+        for title, uses in (
+            ("enforced while decoding", self.enforced),
+            ("checked after decoding", self.checked_after),
+            ("unsupported", self.unsupported),
+            ("ignored (annotations)", self.ignored),
+        ):
+            lines.append(f"{title} ({len(uses)}):")
+            lines.extend(f"  - {use}" for use in uses)
+        return "\n".join(lines)

@@ -1,0 +1,389 @@
+"""The per-type branches of a schema object: null, boolean, numbers, strings, arrays, enums.
+
+Objects live in :mod:`.objects`. Each builder records what it did with each keyword of its
+type in the compiler's report.
+"""
+
+from __future__ import annotations
+
+from decimal import Decimal, InvalidOperation
+from typing import TYPE_CHECKING, Any
+
+from formline.grammar.ir import EMPTY, GrammarError, Literal, Node, Repeat
+from formline.schema.formats import FORMAT_GAPS, format_node
+from formline.schema.json_text import NOTHING, choice, expanded_size, optional, sequence
+from formline.schema.merge import (
+    ALL_TYPE_KEYWORDS,
+    ALL_TYPES,
+    TYPE_KEYWORDS,
+    Schema,
+    type_set,
+)
+from formline.schema.numbers import integer_bounds_from_schema, integer_node, number_node
+from formline.schema.patterns import pattern_node
+from formline.schema.report import SchemaError
+
+if TYPE_CHECKING:
+    from formline.schema.compiler import SchemaCompiler
+
+# A string length bound is a counter the automaton unrolls, ~14 DFA states a character
+# (UTF-8 and escapes): maxLength 255 cost 3,581 states and 2.4 s to compile with Llama-3,
+# maxLength 64 cost 907 states and 0.5 s; maxLength 5000 alone needed
+# over 20,000 DFA states (the limit) and each counted state costs mask precompute. Past this
+# many characters a length bound is checked after decoding instead (and reported so).
+MAX_ENFORCED_LENGTH = 64
+# A bounded repetition is unrolled by the automaton builder: {0,50} of a 20-state item is
+# 1,000 NFA states. Items bigger than this many IR nodes become a called rule instead.
+INLINE_ITEM_NODES = 40
+
+
+def typed_value(
+    compiler: SchemaCompiler, schema: Schema, pointer: str, resolver: Any, depth: int
+) -> Node:
+    """The alternation of one branch per JSON type ``schema`` allows."""
+    declared = type_set(schema, pointer)
+    types = set(ALL_TYPES) if declared is None else set(declared)
+    if declared is not None:
+        compiler.record("enforced", "type", pointer)
+    if schema.get("nullable") is True:
+        types.add("null")
+        compiler.record("enforced", "nullable", pointer, "null allowed (OpenAPI form)")
+    if "enum" in schema or "const" in schema:
+        return enum_value(compiler, schema, types, pointer)
+    if declared is None and not _has_type_keywords(schema):
+        return compiler.any_value()
+    if "number" in types:
+        types.discard("integer")
+    _record_inapplicable(compiler, schema, types, pointer)
+    builders = {
+        "null": lambda: Literal(b"null"),
+        "boolean": lambda: choice([Literal(b"true"), Literal(b"false")]),
+        "integer": lambda: number_value(compiler, schema, pointer, integer=True),
+        "number": lambda: number_value(compiler, schema, pointer, integer=False),
+        "string": lambda: string_value(compiler, schema, pointer),
+        "array": lambda: array_value(compiler, schema, pointer, resolver, depth),
+        "object": lambda: _object_value(compiler, schema, pointer, resolver, depth),
+    }
+    return choice([builders[name]() for name in ALL_TYPES if name in types])
+
+
+def _object_value(
+    compiler: SchemaCompiler, schema: Schema, pointer: str, resolver: Any, depth: int
+) -> Node:
+    from formline.schema.objects import object_value
+
+    return object_value(compiler, schema, pointer, resolver, depth)
+
+
+def _has_type_keywords(schema: Schema) -> bool:
+    return any(keyword in schema for keywords in TYPE_KEYWORDS.values() for keyword in keywords)
+
+
+def _record_inapplicable(
+    compiler: SchemaCompiler, schema: Schema, types: set[str], pointer: str
+) -> None:
+    for type_name, keywords in TYPE_KEYWORDS.items():
+        if type_name in types or (type_name == "number" and "integer" in types):
+            continue
+        for keyword in keywords:
+            if keyword in schema:
+                compiler.record("ignored", keyword, pointer, f"applies to {type_name}s only")
+
+
+def enum_value(compiler: SchemaCompiler, schema: Schema, types: set[str], pointer: str) -> Node:
+    """``enum``/``const``: the literal texts of the values that pass the other keywords."""
+    values = list(schema["enum"]) if "enum" in schema else [schema["const"]]
+    if not isinstance(schema.get("enum", []), list):
+        raise SchemaError("enum must be an array", pointer, "enum")
+    if "const" in schema and "enum" in schema:
+        values = [value for value in values if _json_same(value, schema["const"])]
+    rest = {key: value for key, value in schema.items() if key not in ("enum", "const")}
+    values = [value for value in values if _type_allowed(_json_type(value), types)]
+    constraints = {key for key in rest if key in ALL_TYPE_KEYWORDS}
+    if constraints:
+        values = _filter_by_schema(compiler, values, rest, constraints, pointer)
+    for keyword in ("enum", "const"):
+        if keyword in schema:
+            compiler.record("enforced", keyword, pointer)
+    return compiler.enum_node(values, pointer)
+
+
+def _filter_by_schema(
+    compiler: SchemaCompiler, values: list[Any], rest: Schema, constraints: set[str], pointer: str
+) -> list[Any]:
+    """Keep the enum values that the sibling keywords accept (checked with jsonschema)."""
+    from jsonschema import Draft202012Validator, FormatChecker
+
+    local = {key: value for key, value in rest.items() if key in ALL_TYPE_KEYWORDS or key == "type"}
+    if any("$ref" in str(local.get(key)) for key in local):
+        for keyword in sorted(constraints):
+            compiler.record("checked_after", keyword, pointer, "beside enum, with a $ref")
+        return values
+    validator = Draft202012Validator(local, format_checker=FormatChecker())
+    for keyword in sorted(constraints):
+        compiler.record("enforced", keyword, pointer, "enum values filtered by it")
+    return [value for value in values if validator.is_valid(value)]
+
+
+def number_value(compiler: SchemaCompiler, schema: Schema, pointer: str, integer: bool) -> Node:
+    """Integers or numbers within exact decimal bounds."""
+    bounds = _bounds(schema, pointer)
+    minimum, maximum, exclusive_minimum, exclusive_maximum = bounds
+    for keyword in ("minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum"):
+        if keyword in schema:
+            compiler.record("enforced", keyword, pointer)
+    multiple = schema.get("multipleOf")
+    if multiple is not None:
+        if not _is_number(multiple) or multiple <= 0:
+            raise SchemaError("multipleOf must be a number > 0", pointer, "multipleOf")
+        if multiple == 1 and integer:
+            compiler.record("enforced", "multipleOf", pointer, "1 for integers")
+        else:
+            compiler.record("checked_after", "multipleOf", pointer, "divisibility")
+    try:
+        if integer:
+            low, high = integer_bounds_from_schema(*bounds)
+            return sequence(integer_node(low, high), optional(Literal(b".0")))
+        return number_node(minimum, maximum, exclusive_minimum, exclusive_maximum)
+    except ValueError:
+        return NOTHING  # an empty range: no number of this type is valid
+
+
+def _bounds(schema: Schema, pointer: str) -> tuple[Decimal | None, Decimal | None, bool, bool]:
+    """(minimum, maximum, exclusive minimum?, exclusive maximum?), the tightest of the
+    inclusive and exclusive forms (draft 4's boolean exclusive form included)."""
+    minimum = _decimal(schema, "minimum", pointer)
+    maximum = _decimal(schema, "maximum", pointer)
+    exclusive_minimum = exclusive_maximum = False
+    lower = schema.get("exclusiveMinimum")
+    upper = schema.get("exclusiveMaximum")
+    if lower is True:
+        exclusive_minimum = minimum is not None
+    elif lower is not None and lower is not False:
+        value = _decimal(schema, "exclusiveMinimum", pointer)
+        if value is not None and (minimum is None or value >= minimum):
+            minimum, exclusive_minimum = value, True
+    if upper is True:
+        exclusive_maximum = maximum is not None
+    elif upper is not None and upper is not False:
+        value = _decimal(schema, "exclusiveMaximum", pointer)
+        if value is not None and (maximum is None or value <= maximum):
+            maximum, exclusive_maximum = value, True
+    return minimum, maximum, exclusive_minimum, exclusive_maximum
+
+
+def _decimal(schema: Schema, keyword: str, pointer: str) -> Decimal | None:
+    value = schema.get(keyword)
+    if value is None:
+        return None
+    if not _is_number(value):
+        raise SchemaError(f"{keyword} must be a number", pointer, keyword)
+    try:
+        result = Decimal(str(value))
+    except InvalidOperation as error:
+        raise SchemaError(f"{keyword} is not a finite number", pointer, keyword) from error
+    if not result.is_finite():
+        raise SchemaError(f"{keyword} is not a finite number", pointer, keyword)
+    return result
+
+
+def string_value(compiler: SchemaCompiler, schema: Schema, pointer: str) -> Node:
+    """A string: ``format`` first, else ``pattern``, else the length bounds (the rest, if
+    any, is checked after decoding: the IR has no intersection of two regular languages)."""
+    text = compiler.text
+    body: Node | None = None
+    name = schema.get("format")
+    if name is not None:
+        body = format_node(str(name))
+        if body is None and compiler.format_checker.checkers.get(str(name)):
+            compiler.record("checked_after", "format", pointer, f"{name} (by jsonschema)")
+        elif body is None:
+            compiler.record("ignored", "format", pointer, f"unknown format {name!r}")
+        else:
+            compiler.record("enforced", "format", pointer, str(name))
+            if name in FORMAT_GAPS:
+                compiler.record("checked_after", "format", pointer, FORMAT_GAPS[str(name)])
+    pattern = schema.get("pattern")
+    if pattern is not None:
+        if not isinstance(pattern, str):
+            raise SchemaError("pattern must be a string", pointer, "pattern")
+        if body is not None:
+            compiler.record("checked_after", "pattern", pointer, "beside format")
+        else:
+            try:
+                body = pattern_node(pattern)
+                compiler.record("enforced", "pattern", pointer)
+            except GrammarError as error:
+                compiler.unsupported("pattern", pointer, str(error))
+    body = _length_body(compiler, schema, pointer, body)
+    return text.string(body)
+
+
+def _length_body(compiler: SchemaCompiler, schema: Schema, pointer: str, body: Node | None) -> Node:
+    minimum = _count(schema, "minLength", pointer)
+    maximum = _count(schema, "maxLength", pointer, None)
+    if body is not None:
+        for keyword in ("minLength", "maxLength"):
+            if keyword in schema:
+                compiler.record("checked_after", keyword, pointer, "beside pattern or format")
+        return body
+    if minimum > MAX_ENFORCED_LENGTH:
+        compiler.record("checked_after", "minLength", pointer, _LENGTH_NOTE)
+        minimum = 0
+    if maximum is not None and maximum > MAX_ENFORCED_LENGTH:
+        compiler.record("checked_after", "maxLength", pointer, _LENGTH_NOTE)
+        maximum = None
+    for keyword in ("minLength", "maxLength"):
+        if keyword in schema and keyword not in _checked_after_here(compiler, pointer):
+            compiler.record("enforced", keyword, pointer, "in Unicode characters")
+    cap = compiler.options.max_string_length
+    if maximum is None and cap is not None:
+        maximum = max(cap, minimum)
+    if maximum is not None and maximum < minimum:
+        return NOTHING
+    return compiler.text.any_string_body(minimum, maximum)
+
+
+_LENGTH_NOTE = f"over {MAX_ENFORCED_LENGTH} characters (the automaton would unroll it)"
+
+
+def _checked_after_here(compiler: SchemaCompiler, pointer: str) -> set[str]:
+    return {use.keyword for use in compiler.report.checked_after if use.pointer == pointer}
+
+
+def _count(schema: Schema, keyword: str, pointer: str, default: int | None = 0) -> Any:
+    value = schema.get(keyword, default)
+    if value is None:
+        return None
+    if isinstance(value, float) and value.is_integer():
+        value = int(value)
+    if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+        raise SchemaError(f"{keyword} must be a non-negative integer", pointer, keyword)
+    return value
+
+
+def array_value(
+    compiler: SchemaCompiler, schema: Schema, pointer: str, resolver: Any, depth: int
+) -> Node:
+    """``[`` prefix items, then repeated items, ``]`` with minItems/maxItems."""
+    text = compiler.text
+    prefix_schemas, items_schema, items_keyword = _array_items(compiler, schema, pointer)
+    minimum = _count(schema, "minItems", pointer)
+    maximum = _count(schema, "maxItems", pointer, None)
+    for keyword in ("minItems", "maxItems", "prefixItems", "items", "additionalItems"):
+        if keyword in schema:
+            compiler.record("enforced", keyword, pointer)
+    if maximum is not None and maximum < minimum:
+        return NOTHING
+    prefix = [
+        compiler.value(item, f"{pointer}/{keyword}/{index}", resolver, depth + 1)
+        for index, (keyword, item) in enumerate(prefix_schemas)
+    ]
+    item: Node = NOTHING
+    if items_schema is not False:
+        item = compiler.value(items_schema, f"{pointer}/{items_keyword}", resolver, depth + 1)
+    for index, node in enumerate(prefix):
+        if index < minimum and node is NOTHING:
+            return NOTHING
+    elements = _elements(compiler, prefix, item, minimum, maximum)
+    if elements is NOTHING:
+        return NOTHING
+    return sequence(text.token(b"["), elements, Literal(b"]"))
+
+
+def _array_items(
+    compiler: SchemaCompiler, schema: Schema, pointer: str
+) -> tuple[list[tuple[str, Any]], Any, str]:
+    """(prefix item schemas with their keyword, the schema of the rest, its keyword)."""
+    items = schema.get("items", True)
+    if "prefixItems" in schema and not compiler.is_draft7:
+        prefix = [("prefixItems", item) for item in schema["prefixItems"]]
+        return prefix, items, "items"
+    if isinstance(items, list):
+        return (
+            [("items", item) for item in items],
+            schema.get("additionalItems", True),
+            ("additionalItems"),
+        )
+    return [], items, "items"
+
+
+def _elements(
+    compiler: SchemaCompiler, prefix: list[Node], item: Node, minimum: int, maximum: int | None
+) -> Node:
+    """Elements from position ``len(prefix)`` backwards: each prefix element is optional
+    past ``minimum``; the repeated part honours the remaining counts."""
+    comma = compiler.text.token(b",")
+    space = compiler.text.space
+    count = len(prefix)
+    if maximum is not None and maximum < count:
+        prefix, count = prefix[:maximum], maximum
+    tail = _repeated(
+        compiler,
+        item,
+        max(0, minimum - count),
+        None if maximum is None else maximum - count,
+        first=count == 0,
+    )
+    for index in range(count - 1, -1, -1):
+        separator = EMPTY if index == 0 else comma
+        node = sequence(separator, prefix[index], space, tail)
+        tail = node if index < minimum else optional(node)
+    return tail
+
+
+def _repeated(
+    compiler: SchemaCompiler, item: Node, minimum: int, maximum: int | None, first: bool
+) -> Node:
+    """``minimum`` to ``maximum`` items, the first one without a comma if ``first``."""
+    if is_nothing_node(item) or maximum == 0:
+        return EMPTY if minimum == 0 else NOTHING
+    if maximum is not None or minimum > 1:
+        item = compiler.shared(item, "item") if _size(item) > INLINE_ITEM_NODES else item
+    comma = compiler.text.token(b",")
+    element = sequence(item, compiler.text.space)
+    if not first:
+        return Repeat(sequence(comma, element), minimum, maximum)
+    rest = Repeat(
+        sequence(comma, element),
+        max(0, minimum - 1),
+        None if maximum is None else maximum - 1,
+    )
+    node = sequence(element, rest)
+    return node if minimum > 0 else optional(node)
+
+
+def is_nothing_node(node: Node) -> bool:
+    return node is NOTHING or node == NOTHING
+
+
+def _size(node: Node) -> int:
+    return expanded_size(node)
+
+
+def _type_allowed(name: str, types: set[str]) -> bool:
+    return name in types or (name == "integer" and "number" in types)
+
+
+def _json_type(value: Any) -> str:
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "boolean"
+    if isinstance(value, int):
+        return "integer"
+    if isinstance(value, float):
+        return "integer" if value.is_integer() else "number"
+    if isinstance(value, str):
+        return "string"
+    return "array" if isinstance(value, list) else "object"
+
+
+def _json_same(first: Any, second: Any) -> bool:
+    from formline.schema.merge import _json_equal
+
+    return _json_equal(first, second)
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool)

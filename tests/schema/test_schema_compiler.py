@@ -1,0 +1,306 @@
+"""Unit tests of the schema compiler: the language each keyword gives, and the report."""
+
+from __future__ import annotations
+
+import json
+from typing import Annotated, Any, Literal
+
+import pytest
+from pydantic import BaseModel, Field
+
+from formline.parser.pushdown import build_pushdown
+from formline.schema import SchemaError, schema_to_grammar
+
+
+def language(schema: Any, **options: Any) -> Any:
+    grammar, report = schema_to_grammar(schema, **options)
+    automaton = build_pushdown(grammar)
+
+    def accepts(value: Any) -> bool:
+        text = value if isinstance(value, bytes) else compact(value).encode()
+        return automaton.matches(text)
+
+    accepts.report = report  # type: ignore[attr-defined]
+    return accepts
+
+
+def compact(value: Any) -> str:
+    return json.dumps(value, separators=(",", ":"), ensure_ascii=False)
+
+
+def kinds(report: Any, kind: str) -> set[tuple[str, str]]:
+    return {(use.keyword, use.pointer) for use in getattr(report, kind)}
+
+
+def test_properties_keep_declared_order_and_optional_ones_may_be_skipped() -> None:
+    accepts = language(
+        {
+            "type": "object",
+            "properties": {"a": {"type": "string"}, "b": {"type": "integer"}, "c": {}},
+            "required": ["b"],
+            "additionalProperties": False,
+        }
+    )
+    assert accepts({"b": 1})
+    assert accepts({"a": "x", "b": 1, "c": [1, {"d": None}]})
+    assert accepts({"b": 1, "c": True})
+    assert not accepts({"b": 1, "a": "x"})  # out of declared order
+    assert not accepts({"a": "x"})  # required b missing
+    assert not accepts({"b": 1, "z": 0})  # additionalProperties false
+    assert not accepts({"b": "1"})
+
+
+def test_additional_properties_default_allows_other_keys_but_not_declared_names() -> None:
+    accepts = language({"type": "object", "properties": {"a": {"type": "integer"}}})
+    assert accepts({}) and accepts({"a": 1}) and accepts({"a": 1, "b": "x"}) and accepts({"ab": 1})
+    assert not accepts(b'{"a":"x"}')
+    assert not accepts(b'{"a":1,"a":2}')  # a declared name cannot come back as an extra key
+    assert not accepts(b'{"b":1,"a":"x"}')
+
+
+def test_additional_properties_schema_and_pattern_properties() -> None:
+    accepts = language(
+        {
+            "type": "object",
+            "patternProperties": {"^x-": {"type": "integer"}},
+            "additionalProperties": False,
+        }
+    )
+    assert accepts({"x-a": 1}) and accepts({})
+    assert not accepts({"x-a": "s"}) and not accepts({"y": 1})
+    typed = language({"type": "object", "additionalProperties": {"type": "boolean"}})
+    assert typed({"q": True, "r": False}) and not typed({"q": 1})
+
+
+def test_many_optional_properties_compile_linearly_and_count_bounds_hold() -> None:
+    properties = {f"p{index}": {"type": "integer"} for index in range(40)}
+    schema = {"type": "object", "properties": properties, "additionalProperties": False}
+    accepts = language({**schema, "minProperties": 2, "maxProperties": 3})
+    assert accepts({"p0": 1, "p39": 2}) and accepts({"p1": 1, "p2": 2, "p3": 3})
+    assert not accepts({"p5": 1}) and not accepts({"p1": 1, "p2": 2, "p3": 3, "p4": 4})
+    assert not accepts({})
+    unbounded = language(schema)
+    assert unbounded({}) and unbounded({"p39": 0}) and not unbounded({"p39": 0, "p0": 1})
+
+
+def test_arrays_items_prefix_items_and_counts() -> None:
+    accepts = language(
+        {"type": "array", "items": {"type": "integer"}, "minItems": 1, "maxItems": 3}
+    )
+    assert accepts([1]) and accepts([1, 2, 3])
+    assert not accepts([]) and not accepts([1, 2, 3, 4]) and not accepts(["a"])
+    tuple_like = language(
+        {"type": "array", "prefixItems": [{"type": "string"}, {"type": "boolean"}], "items": False}
+    )
+    assert tuple_like([]) and tuple_like(["a"]) and tuple_like(["a", True])
+    assert not tuple_like([1]) and not tuple_like(["a", True, 1])
+    draft7 = language(
+        {
+            "$schema": "http://json-schema.org/draft-07/schema#",
+            "items": [{"type": "integer"}],
+            "additionalItems": {"type": "string"},
+        }
+    )
+    assert draft7([1, "a", "b"]) and not draft7([1, 2])
+
+
+def test_numbers_and_integers_with_exact_bounds() -> None:
+    integer = language({"type": "integer", "minimum": 3, "exclusiveMaximum": 120})
+    assert integer(3) and integer(119) and integer(5.0)
+    assert not integer(2) and not integer(120) and not integer(3.5)
+    number = language({"type": "number", "minimum": 0.5, "maximum": 99.95})
+    assert number(0.5) and number(99.95) and number(1) and number(1e-1 * 6)
+    assert not number(0.49) and not number(99.951) and not number(-1)
+
+
+def test_strings_lengths_in_characters_and_escapes() -> None:
+    accepts = language({"type": "string", "minLength": 2, "maxLength": 3})
+    assert accepts("ab") and accepts("été") and accepts('a"\\') and accepts("a\n")
+    assert not accepts("a") and not accepts("abcd")
+    assert not accepts(b'"a\nb"')  # a raw control character is never valid JSON
+    assert not accepts(b'"ab\\q"')  # an invalid escape
+
+
+def test_enum_and_const_filtered_by_sibling_keywords() -> None:
+    accepts = language({"enum": ["a", 1, None, {"x": [1]}], "type": ["string", "integer"]})
+    assert accepts("a") and accepts(1) and accepts(1.0)
+    assert not accepts(None) and not accepts({"x": [1]}) and not accepts("b")
+    assert language({"const": "k"})("k")
+
+
+def test_any_of_one_of_all_of_and_nullable() -> None:
+    optional = language({"anyOf": [{"type": "string"}, {"type": "null"}]})
+    assert optional("x") and optional(None) and not optional(1)
+    merged = language(
+        {
+            "allOf": [
+                {"type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a"]},
+                {"properties": {"b": {"type": "string"}}, "required": ["b"]},
+            ]
+        }
+    )
+    assert merged({"a": 1, "b": "x"}) and not merged({"a": 1}) and not merged({"b": "x"})
+    nullable = language({"type": "string", "nullable": True})
+    assert nullable(None) and nullable("s")
+
+
+def test_one_of_reports_overlap_unless_branches_are_disjoint() -> None:
+    disjoint = language({"oneOf": [{"type": "string"}, {"type": "integer"}]})
+    assert ("oneOf", "") not in kinds(disjoint.report, "checked_after")
+    overlapping = language({"oneOf": [{"type": "number"}, {"type": "integer"}]})
+    assert ("oneOf", "") in kinds(overlapping.report, "checked_after")
+
+
+def test_recursive_refs_become_recursive_rules() -> None:
+    schema = {
+        "$defs": {
+            "node": {
+                "type": "object",
+                "properties": {"v": {"type": "integer"}, "next": {"$ref": "#/$defs/node"}},
+                "required": ["v"],
+                "additionalProperties": False,
+            }
+        },
+        "$ref": "#/$defs/node",
+    }
+    accepts = language(schema)
+    assert accepts({"v": 1, "next": {"v": 2, "next": {"v": 3}}})
+    assert not accepts({"v": 1, "next": {}})
+
+
+def test_report_lists_every_keyword_once_in_the_right_list() -> None:
+    accepts = language(
+        {
+            "type": "array",
+            "items": {"type": "string", "pattern": "^a", "maxLength": 3},
+            "uniqueItems": True,
+            "x-vendor": 1,
+            "title": "an annotation",
+        }
+    )
+    report = accepts.report
+    assert ("uniqueItems", "") in kinds(report, "checked_after")
+    assert ("pattern", "/items") in kinds(report, "enforced")
+    assert ("maxLength", "/items") in kinds(report, "checked_after")
+    assert ("x-vendor", "") in kinds(report, "ignored")
+    assert "title" not in {use.keyword for use in report.ignored}
+    assert "compact" in report.to_text()
+
+
+def test_whitespace_is_bounded() -> None:
+    accepts = language({"type": "object", "properties": {"a": {"type": "integer"}}}, whitespace=2)
+    assert accepts(b'{ "a" : 1 }') and accepts(b'{\n "a":1}')
+    assert not accepts(b'{   "a":1}')
+
+
+@pytest.mark.parametrize(
+    ("schema", "keyword", "pointer"),
+    [
+        ({"properties": {"a": {"$ref": "#/$defs/missing"}}}, "$ref", "/properties/a"),
+        ({"properties": {"a": {"type": "strin"}}}, "type", "/properties/a"),
+        ({"properties": {"a": {"type": "string", "pattern": "(?=x)"}}}, "pattern", "/properties/a"),
+        ({"minLength": -1}, "minLength", ""),
+        ({"$dynamicRef": "#x"}, "$dynamicRef", ""),
+    ],
+)
+def test_bad_schemas_raise_schema_error_with_keyword_and_pointer(
+    schema: Any, keyword: str, pointer: str
+) -> None:
+    with pytest.raises(SchemaError) as caught:
+        schema_to_grammar(schema)
+    assert caught.value.pointer == pointer
+    assert caught.value.keyword == keyword
+
+
+def test_unsupported_keywords_can_be_handed_to_the_after_check() -> None:
+    schema = {"type": "string", "pattern": "(?=x)x"}
+    with pytest.raises(SchemaError):
+        schema_to_grammar(schema)
+    _, report = schema_to_grammar(schema, on_unsupported="check_after")
+    assert ("pattern", "") in kinds(report, "checked_after")
+
+
+class Address(BaseModel):
+    street: str
+    zip_code: Annotated[str, Field(pattern=r"^\d{5}$")]
+
+
+class Cat(BaseModel):
+    kind: Literal["cat"]
+    lives: Annotated[int, Field(ge=1, le=9)]
+
+
+class Dog(BaseModel):
+    kind: Literal["dog"]
+    good: bool = True
+
+
+class Person(BaseModel):
+    name: Annotated[str, Field(min_length=1, max_length=20)]
+    age: int | None = None
+    address: Address
+    pet: Cat | Dog = Field(discriminator="kind")
+
+
+def test_pydantic_models_with_literal_annotated_optional_and_discriminated_unions() -> None:
+    accepts = language(Person)
+    person = {
+        "name": "Ana",
+        "age": None,
+        "address": {"street": "Rua A", "zip_code": "12345"},
+        "pet": {"kind": "cat", "lives": 9},
+    }
+    assert accepts(person)
+    assert accepts({**person, "pet": {"kind": "dog"}, "age": 30})
+    assert not accepts({**person, "pet": {"kind": "cat", "lives": 10}})
+    assert not accepts({**person, "address": {"street": "x", "zip_code": "1234"}})
+    assert not accepts({**person, "name": ""})
+    assert ("oneOf", "/properties/pet") not in kinds(accepts.report, "checked_after")
+
+
+def test_enormous_enum_deep_nesting_and_blowing_pattern_fail_cleanly_and_quickly() -> None:
+    from formline.mask import compile_grammar
+    from formline.vocab import Vocabulary
+
+    with pytest.raises(SchemaError) as caught:
+        schema_to_grammar({"enum": ["x" * 1000 + str(index) for index in range(2000)]})
+    assert caught.value.keyword == "enum"
+    deep: dict[str, Any] = {"type": "integer"}
+    for _ in range(200):
+        deep = {"type": "array", "items": deep}
+    with pytest.raises(SchemaError, match="deeper"):
+        schema_to_grammar(deep)
+    grammar, _ = schema_to_grammar({"type": "string", "pattern": "^(a|b)*a(a|b){24}$"})
+    vocabulary = Vocabulary.from_list([b"a", b"b", b'"', b"<eos>"], eos_ids=[3])
+    from formline.automata.nfa import AutomatonLimitError
+
+    with pytest.raises(AutomatonLimitError):
+        compile_grammar(grammar, vocabulary, disk_cache=False)
+
+
+def test_compile_schema_gives_matcher_report_after_check_and_schema_order(
+    smollm2_vocab: Any, smollm2_tokenizer: Any
+) -> None:
+    from formline.schema import compile_schema
+
+    schema = {
+        "type": "object",
+        "properties": {
+            "name": {"type": "string"},
+            "tags": {"type": "array", "items": {"type": "string"}, "uniqueItems": True},
+        },
+        "required": ["name"],
+        "additionalProperties": False,
+    }
+    compiled = compile_schema(schema, smollm2_vocab, disk_cache=False)
+    value = {"tags": ["a", "a"], "name": "Zoë"}
+    text = compiled.serialize(value)
+    assert text == '{"name":"Zoë","tags":["a","a"]}'
+    matcher = compiled.matcher()
+    for token_id in smollm2_tokenizer.encode(text, add_special_tokens=False):
+        assert matcher.accept_token(token_id)
+    assert matcher.can_end()
+    assert compiled.check(value) and "non-unique" in compiled.check(value)[0]
+    assert compiled.check({"name": "Zoë", "tags": ["a"]}) == []
+    refused = compiled.matcher()
+    assert not refused.accept_string(b'{"tags"')

@@ -1,0 +1,52 @@
+"""The official JSON-Schema-Test-Suite as a ratchet (see conformance_suite.py).
+
+Every test's outcome must equal the committed baseline: a regression fails, and so does an
+improvement until the baseline is updated (``python3 tests/schema/conformance_suite.py
+--update``), so the baseline always says exactly what formline passes.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pytest
+from conformance_suite import BASELINE, PASS, SUITE, Runner, run_suite, summary
+
+from formline.vocab import Vocabulary
+
+
+@pytest.fixture(scope="module")
+def outcomes(smollm2_vocab: Vocabulary, smollm2_tokenizer: Any, tmp_path_factory: Any) -> Any:
+    assert SUITE.is_dir(), f"the official suite is missing at {SUITE}"
+    runner = Runner(smollm2_vocab, smollm2_tokenizer, tmp_path_factory.mktemp("cache"))
+    return run_suite(runner)
+
+
+def test_outcomes_match_the_baseline(outcomes: dict[str, str]) -> None:
+    baseline = json.loads(BASELINE.read_text())
+    regressions = {
+        key: (baseline.get(key), outcome)
+        for key, outcome in outcomes.items()
+        if baseline.get(key) == PASS and outcome != PASS
+    }
+    assert not regressions, f"{len(regressions)} regressions: {list(regressions.items())[:10]}"
+    changed = {
+        key for key in outcomes.keys() | baseline.keys() if outcomes.get(key) != baseline.get(key)
+    }
+    assert not changed, (
+        f"{len(changed)} outcomes differ from the baseline (improvements?): "
+        f"{sorted(changed)[:10]}; run python3 tests/schema/conformance_suite.py --update"
+    )
+
+
+def test_no_valid_instance_is_refused_beyond_the_known_literal_gap(
+    outcomes: dict[str, str],
+) -> None:
+    counts = summary(outcomes)
+    refused = [key for key, outcome in outcomes.items() if outcome == "valid refused"]
+    # enum [[0]] with the instance [0.0]: a literal enum value is written as given; a nested
+    # number is not re-spelled (top-level 1 and 1.0 both are).
+    assert all("/enum.json#" in key for key in refused), refused
+    assert counts["invalid accepted, keyword claimed enforced"] == 0
+    assert counts[PASS] >= 2900
