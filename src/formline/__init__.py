@@ -1,3 +1,29 @@
-"""formline: language-model output that is valid by construction."""
+"""formline: language-model output that is valid by construction.
+
+``formline.generate(prompt, output)`` decodes with a real local model under a JSON Schema,
+a Pydantic model, a :class:`Regex`, a :class:`Choice` or a :class:`Grammar`. The engine's
+four objects live in :mod:`formline.grammar`, :mod:`formline.vocab`, :mod:`formline.mask`
+and :mod:`formline.schema`. Importing formline imports no model engine.
+"""
+
+from formline.grammar import Grammar
+from formline.pipeline.generate import (
+    Choice,
+    InvalidOutput,
+    Regex,
+    Result,
+    TruncatedOutput,
+    generate,
+)
 
 __version__ = "0.1.0"
+
+__all__ = [
+    "Choice",
+    "Grammar",
+    "InvalidOutput",
+    "Regex",
+    "Result",
+    "TruncatedOutput",
+    "generate",
+]

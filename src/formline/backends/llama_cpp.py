@@ -20,7 +20,7 @@ from typing import Any
 
 import numpy as np
 
-from formline.backends.base import BackendError, Generation, Sampling
+from formline.backends.base import BackendError, Generation, Sampling, closing_tokens
 from formline.mask.bitmask import allocate_token_bitmask, apply_token_bitmask_inplace
 from formline.mask.matcher import GrammarMatcher
 from formline.vocab import Vocabulary
@@ -39,6 +39,7 @@ class _Counters:
     prompt_seconds: float = 0.0
     mask_seconds: float = 0.0
     jump_forward_tokens: int = 0
+    closing_tokens: int = 0
 
 
 class LlamaCppBackend:
@@ -213,6 +214,17 @@ class LlamaCppBackend:
                 matcher.fill_next_token_bitmask(bitmask)
                 apply_token_bitmask_inplace(logits, bitmask[0])
                 counters.mask_seconds += time.perf_counter() - begun
+            if matcher is not None and sampling.close_within_budget:
+                closing = closing_tokens(
+                    matcher,
+                    sampling.max_tokens - len(output),
+                    self._tokenize_bytes,
+                    self.vocabulary.token_bytes,
+                )
+                if closing:
+                    output.extend(closing)
+                    counters.closing_tokens = len(closing)
+                    return "stop"
             token = choose_token(logits, sampling.temperature, sampling.top_p, rng)
             if matcher is not None and not matcher.accept_token(token):
                 raise RuntimeError(
@@ -238,6 +250,10 @@ class LlamaCppBackend:
                 break  # no pass for logits nobody will read
             logits = self._forward(step, counters)
         return "length"
+
+    def _tokenize_bytes(self, text: bytes) -> list[int]:
+        tokens: list[int] = self.llm.tokenize(text, add_bos=False, special=False)
+        return tokens
 
     def _forced_tokens(self, matcher: GrammarMatcher, room: int) -> list[int]:
         """The tokens of the grammar's forced text, accepted by ``matcher``; ``[]`` (and
@@ -299,6 +315,7 @@ class LlamaCppBackend:
             completion_tokens=len(output),
             forward_passes=counters.forward_passes,
             forward_passes_saved=counters.forward_passes_saved,
+            closing_tokens=counters.closing_tokens,
             forward_seconds=counters.forward_seconds,
             mask_seconds=counters.mask_seconds,
             extra={

@@ -5,7 +5,8 @@ Until the model backends land, the "model" is a stand-in scorer in the spirit of
 it wants to answer chattily (a preamble, a Markdown fence, the age as words), and the mask
 forces its choices onto the grammar. ``formline compile`` compiles a grammar (regex, EBNF,
 GBNF or a JSON Schema, whose report of every keyword it prints) and what it cost. Errors
-are one line on stderr; exit codes: 0 ok, 1 usage, 2 bad input.
+are one line on stderr; exit codes: 0 ok, 2 bad input or usage, 3 model failure, 4 output
+cut off at max tokens, 5 output failed the after-check (see :mod:`.generation`).
 """
 
 from __future__ import annotations
@@ -17,6 +18,8 @@ from pathlib import Path
 
 import numpy as np
 
+from formline.cli.generation import EXIT_BACKEND
+from formline.cli.generation import register as register_generation
 from formline.grammar import Grammar, GrammarError
 from formline.mask import (
     GrammarMatcher,
@@ -157,16 +160,25 @@ def build_parser() -> argparse.ArgumentParser:
     compile_command.add_argument("--vocabulary", help="a GGUF file (default: SmolLM2)")
     compile_command.add_argument("--no-cache", action="store_true", help="skip the disk cache")
     compile_command.set_defaults(handler=run_compile)
+    register_generation(commands)
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
+    from formline.backends.base import BackendError
+
     arguments = build_parser().parse_args(argv)
     try:
         return int(arguments.handler(arguments))
-    except (GrammarError, FileNotFoundError, ValueError) as error:
+    except BackendError as error:
+        print(f"formline: error: {error}", file=sys.stderr)
+        return EXIT_BACKEND
+    except (GrammarError, OSError, ValueError) as error:
         print(f"formline: error: {error}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:
+        print("formline: interrupted", file=sys.stderr)
+        return 130
 
 
 if __name__ == "__main__":

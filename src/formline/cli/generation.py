@@ -1,0 +1,183 @@
+"""``formline generate`` and ``formline extract``: real models from the command line.
+
+Exit codes scripts can rely on: 0 ok; 2 bad input (usage, a file, a schema); 3 the model
+or backend failed; 4 the output was cut off at ``--max-tokens``; 5 the output broke a
+constraint the grammar could not enforce (the after-check). ``extract`` exits 0 when every
+line was written, whatever each line's outcome (each line says it).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+EXIT_BACKEND = 3
+EXIT_TRUNCATED = 4
+EXIT_INVALID = 5
+
+
+def add_model_arguments(parser: argparse.ArgumentParser) -> None:
+    """``--model``, ``--backend`` and the sampling flags shared by the model commands."""
+    parser.add_argument("--model", help="a GGUF file or HF model directory (default: SmolLM2)")
+    parser.add_argument("--backend", default="llama_cpp", choices=("llama_cpp", "transformers"))
+    parser.add_argument("--max-tokens", type=int, default=256)
+    parser.add_argument("--temperature", type=float, default=0.0)
+    parser.add_argument("--top-p", type=float, default=1.0)
+    parser.add_argument("--seed", type=int, default=None)
+    parser.add_argument("--free", action="store_true", help="no mask (for comparison)")
+    parser.add_argument(
+        "--no-describe-schema", action="store_true", help="do not describe the schema in the prompt"
+    )
+
+
+def add_output_arguments(parser: argparse.ArgumentParser) -> None:
+    output = parser.add_mutually_exclusive_group()
+    output.add_argument("--schema", help="a JSON Schema file")
+    output.add_argument("--regex", help="a regular expression the output must match")
+    output.add_argument("--choices", help="comma-separated options; the output is one of them")
+
+
+def output_spec(arguments: argparse.Namespace) -> Any:
+    """The ``output=`` of :func:`formline.generate` from the command-line flags."""
+    from formline.pipeline.generate import Choice, Regex
+    from formline.schema import schema_of
+
+    if getattr(arguments, "schema", None):
+        return schema_of(Path(arguments.schema).read_text(encoding="utf-8"))
+    if getattr(arguments, "regex", None):
+        return Regex(arguments.regex)
+    if getattr(arguments, "choices", None):
+        return Choice([option.strip() for option in arguments.choices.split(",")])
+    return None
+
+
+def _backend(arguments: argparse.Namespace) -> Any:
+    from formline.pipeline.generate import backend_for
+
+    return backend_for(arguments.model, arguments.backend)
+
+
+def _generate(arguments: argparse.Namespace, prompt: str, output: Any, backend: Any) -> Any:
+    from formline.pipeline.generate import generate
+
+    return generate(
+        prompt,
+        output,
+        backend,
+        temperature=arguments.temperature,
+        top_p=arguments.top_p,
+        seed=arguments.seed,
+        max_tokens=arguments.max_tokens,
+        describe_schema=not arguments.no_describe_schema,
+        free=arguments.free,
+    )
+
+
+def run_generate(arguments: argparse.Namespace) -> int:
+    """Print the value (JSON for a schema, the text otherwise); exit 4/5 on a bad output."""
+    from formline.pipeline.generate import InvalidOutput, TruncatedOutput
+
+    output = output_spec(arguments)
+    backend = _backend(arguments)
+    result = _generate(arguments, arguments.prompt, output, backend)
+    try:
+        value = result.value
+    except TruncatedOutput as error:
+        print(result.text)
+        print(f"formline: error: {error}", file=sys.stderr)
+        return EXIT_TRUNCATED
+    except InvalidOutput as error:
+        print(result.text)
+        print(f"formline: error: {error}", file=sys.stderr)
+        return EXIT_INVALID
+    print(json.dumps(value, ensure_ascii=False) if result.kind != "text" else value)
+    if arguments.verbose:
+        print(json.dumps({"usage": result.usage, "timings": result.timings}), file=sys.stderr)
+    return 0
+
+
+def run_extract(arguments: argparse.Namespace) -> int:
+    """One JSON line per input line; lines whose id is already in the output are skipped,
+    so an interrupted run resumes where it stopped."""
+    from tqdm import tqdm
+
+    rows = _read_jsonl(Path(arguments.input))
+    output_path = Path(arguments.output)
+    done = {row.get("id") for row in _read_jsonl(output_path)} if output_path.exists() else set()
+    pending = [row for row in rows if row.get("id") not in done]
+    backend = _backend(arguments)
+    schemas: dict[str, Any] = {}
+    with output_path.open("a", encoding="utf-8") as sink:
+        for row in tqdm(pending, desc="extract", unit="doc", file=sys.stderr, disable=None):
+            schema = _row_schema(arguments, row, schemas)
+            sink.write(json.dumps(_extract_row(arguments, row, schema, backend)) + "\n")
+            sink.flush()
+    print(f"formline: {len(pending)} written, {len(done)} already there", file=sys.stderr)
+    return 0
+
+
+def _row_schema(arguments: argparse.Namespace, row: dict[str, Any], cache: dict[str, Any]) -> Any:
+    """The batch's schema, or (with ``--schema DIR``) the file the row's ``schema`` names."""
+    from formline.schema import schema_of
+
+    path = Path(arguments.schema)
+    if path.is_dir():
+        path = path / str(row["schema"])
+    key = str(path)
+    if key not in cache:
+        cache[key] = schema_of(path.read_text(encoding="utf-8"))
+    return cache[key]
+
+
+def _extract_row(
+    arguments: argparse.Namespace, row: dict[str, Any], schema: Any, backend: Any
+) -> dict[str, Any]:
+    from formline.pipeline.generate import InvalidOutput, TruncatedOutput
+
+    prompt = f"{row['instruction']}\n\n{row['text']}" if row.get("instruction") else row["text"]
+    started = time.perf_counter()
+    result = _generate(arguments, prompt, schema, backend)
+    record: dict[str, Any] = {"id": row.get("id"), "value": None, "text": result.text}
+    try:
+        record["value"] = result.value
+    except (TruncatedOutput, InvalidOutput) as error:
+        record["error"] = str(error)
+    record.update(
+        finish_reason=result.finish_reason,
+        errors=result.errors,
+        usage=result.usage,
+        timings={**result.timings, "total_seconds": time.perf_counter() - started},
+    )
+    return record
+
+
+def _read_jsonl(path: Path) -> list[dict[str, Any]]:
+    rows = []
+    for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            rows.append(json.loads(line))
+        except json.JSONDecodeError as error:
+            raise ValueError(f"{path}:{number}: not a JSON line ({error.msg})") from error
+    return rows
+
+
+def register(commands: Any) -> None:
+    """Add ``generate`` and ``extract`` to the CLI's sub-commands."""
+    generate = commands.add_parser("generate", help="generate a typed value with a real model")
+    generate.add_argument("prompt", help="the text or question")
+    add_output_arguments(generate)
+    add_model_arguments(generate)
+    generate.add_argument("--verbose", action="store_true", help="usage and timings on stderr")
+    generate.set_defaults(handler=run_generate)
+    extract = commands.add_parser("extract", help="run a JSONL batch (resumable)")
+    extract.add_argument("--schema", required=True, help="a schema file, or a folder of them")
+    extract.add_argument("--input", required=True, help="JSONL: id, text, [instruction, schema]")
+    extract.add_argument("--output", required=True, help="JSONL, appended to (resumable)")
+    add_model_arguments(extract)
+    extract.set_defaults(handler=run_extract)

@@ -1,0 +1,1 @@
+"""The decoding pipeline: generate (and, later, validate and repair)."""

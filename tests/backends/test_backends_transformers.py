@@ -1,0 +1,231 @@
+"""The transformers backend and logits processor on the embedded SmolLM2-135M (real model).
+
+The model (GGUF, dequantized to float32) loads once per module, about 15 s on 2 cores; each
+token costs about 41 ms, so every generation here stays under 40 tokens.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+from typing import Any
+
+import pytest
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")  # local paths only: never reach a model hub
+pytest.importorskip("torch")
+pytest.importorskip("transformers")
+pytest.importorskip("accelerate")  # transformers needs it to load a GGUF file
+
+from formline.backends import Sampling, default_model_path
+from formline.grammar import Grammar
+from formline.mask import GrammarMatcher, compile_grammar
+from formline.schema import compile_schema
+
+PERSON = {
+    "type": "object",
+    "properties": {"name": {"type": "string", "maxLength": 12}, "age": {"type": "integer"}},
+    "required": ["name", "age"],
+    "additionalProperties": False,
+}
+LONG_KEYS = {
+    "type": "object",
+    "properties": {
+        "customer_identification_number": {"type": "integer"},
+        "has_active_premium_subscription": {"type": "boolean"},
+    },
+    "required": ["customer_identification_number", "has_active_premium_subscription"],
+    "additionalProperties": False,
+}
+
+
+@pytest.fixture(scope="module")
+def backend() -> Any:
+    from formline.backends.transformers import TransformersBackend
+
+    # One torch thread: as fast as two on this model (41 ms per token), and 6x faster than
+    # two while another process (a llama.cpp test) holds one of the 2 cores.
+    return TransformersBackend(default_model_path(), threads=1)
+
+
+def chat(backend: Any, question: str) -> str:
+    return str(backend.render_chat([{"role": "user", "content": question}]))
+
+
+def matcher_for(backend: Any, grammar: Grammar) -> GrammarMatcher:
+    return GrammarMatcher(compile_grammar(grammar, backend.vocabulary, disk_cache=False))
+
+
+def test_vocabulary_has_the_logits_size(backend: Any) -> None:
+    assert backend.name == "transformers"
+    assert backend.vocabulary.size == backend.logits_size == 49152
+    assert backend.tokenizer.convert_tokens_to_ids("<|im_end|>") in backend.vocabulary.eos_ids
+
+
+def test_regex_output_matches_fully(backend: Any) -> None:
+    pattern = r"\d{4}-\d{2}-\d{2}"
+    prompt = chat(backend, "When did the Apollo 11 landing happen? Give the date as YYYY-MM-DD.")
+    result = backend.generate(
+        prompt, matcher_for(backend, Grammar.from_regex(pattern)), Sampling(max_tokens=20)
+    )
+    assert result.finish_reason == "stop"
+    assert re.fullmatch(pattern, result.text), result.text
+    assert result.token_ids[-1] in backend.vocabulary.eos_ids
+    assert result.mask_seconds > 0 and result.forward_seconds > 0
+
+
+def test_choice_output_is_one_of_the_choices(backend: Any) -> None:
+    choices = ["Paris", "London", "Berlin", "Madrid"]
+    prompt = chat(backend, "What is the capital of France?")
+    result = backend.generate(
+        prompt, matcher_for(backend, Grammar.from_choices(choices)), Sampling(max_tokens=10)
+    )
+    assert result.finish_reason == "stop"
+    assert result.text in choices
+
+
+def test_json_schema_output_parses_and_checks(backend: Any) -> None:
+    schema = compile_schema(PERSON, backend.vocabulary, disk_cache=False)
+    prompt = chat(backend, "Describe a person named Alice, aged 30, as JSON with name and age.")
+    result = backend.generate(prompt, schema.matcher(), Sampling(max_tokens=32))
+    assert result.finish_reason == "stop", result.text
+    assert schema.check(json.loads(result.text)) == []
+    # Every token but the final eos was fed once: in its own pass or batched by jump-forward.
+    assert result.forward_passes + result.forward_passes_saved == result.completion_tokens
+
+
+def test_seeded_sampling_reproduces(backend: Any) -> None:
+    schema = compile_schema(PERSON, backend.vocabulary, disk_cache=False)
+    prompt = chat(backend, "Invent a person as JSON with name and age.")
+    sampling = Sampling(temperature=1.0, top_p=0.9, seed=1234, max_tokens=24)
+    first = backend.generate(prompt, schema.matcher(), sampling)
+    second = backend.generate(prompt, schema.matcher(), sampling)
+    assert first.token_ids == second.token_ids
+    free = Sampling(temperature=0.8, top_p=0.95, seed=5, max_tokens=12)
+    assert backend.generate(prompt, None, free).token_ids == (
+        backend.generate(prompt, None, free).token_ids
+    )
+
+
+def test_tiny_max_tokens_gives_length(backend: Any) -> None:
+    schema = compile_schema(LONG_KEYS, backend.vocabulary, disk_cache=False)
+    prompt = chat(backend, "Give a customer record as JSON.")
+    for jump_forward in (True, False):
+        result = backend.generate(
+            prompt, schema.matcher(), Sampling(max_tokens=3, jump_forward=jump_forward)
+        )
+        assert result.finish_reason == "length"
+        assert result.completion_tokens == len(result.token_ids) == 3
+
+
+def test_constrained_greedy_equals_free_greedy_when_free_fits(backend: Any) -> None:
+    pattern = r"The capital of [A-Z][a-z]+ is [A-Z][a-z]+\."
+    prompt = chat(backend, "What is the capital of France? Answer with one word.")
+    free = backend.generate(prompt, None, Sampling(max_tokens=24))
+    assert free.finish_reason == "stop"
+    assert re.fullmatch(pattern, free.text), f"precondition: the free output {free.text!r}"
+    constrained = backend.generate(
+        prompt, matcher_for(backend, Grammar.from_regex(pattern)), Sampling(max_tokens=24)
+    )
+    assert constrained.text == free.text
+    assert constrained.token_ids == free.token_ids
+
+
+def test_jump_forward_saves_passes_and_stays_valid(backend: Any) -> None:
+    schema = compile_schema(LONG_KEYS, backend.vocabulary, disk_cache=False)
+    prompt = chat(backend, "Customer 4512 has an active premium subscription. Answer as JSON.")
+    jumped = backend.generate(prompt, schema.matcher(), Sampling(max_tokens=40))
+    stepped = backend.generate(
+        prompt, schema.matcher(), Sampling(max_tokens=40, jump_forward=False)
+    )
+    for result in (jumped, stepped):
+        assert result.finish_reason == "stop", result.text
+        assert schema.check(json.loads(result.text)) == []
+    assert stepped.forward_passes_saved == 0
+    # The two keys alone are 60 forced bytes: about 15 tokens fed without their own pass.
+    assert jumped.forward_passes_saved >= 10
+    assert jumped.forward_passes < stepped.forward_passes
+    assert jumped.forward_passes + jumped.forward_passes_saved == jumped.completion_tokens
+
+
+def _generate_with_processor(backend: Any, questions: list[str], grammar: Any, **options: Any):
+    from transformers import LogitsProcessorList
+
+    from formline.backends.transformers import FormlineLogitsProcessor
+
+    tokenizer = backend.tokenizer
+    prompts = [chat(backend, question) for question in questions]
+    inputs = tokenizer(prompts, return_tensors="pt", padding=True, padding_side="left")
+    processor = FormlineLogitsProcessor(grammar, inputs["input_ids"].shape[1])
+    output = backend.model.generate(
+        **inputs,
+        logits_processor=LogitsProcessorList([processor]),
+        max_new_tokens=20,
+        pad_token_id=tokenizer.pad_token_id,
+        **options,
+    )
+    new = output[:, inputs["input_ids"].shape[1] :]
+    return [tokenizer.decode(row, skip_special_tokens=True) for row in new], processor
+
+
+def test_logits_processor_batch_greedy(backend: Any) -> None:
+    schema = compile_schema(PERSON, backend.vocabulary, disk_cache=False)
+    questions = [
+        "Describe Bob, aged 41, as JSON with name and age.",
+        "Give a JSON object for a person called Li who is 7 years old.",
+    ]
+    texts, processor = _generate_with_processor(backend, questions, schema, do_sample=False)
+    assert len(processor.matchers) == 2
+    for text, matcher in zip(texts, processor.matchers, strict=True):
+        assert schema.check(json.loads(text)) == [], text
+        # A row that stopped early had its eos accepted at a later call; the last row to
+        # stop ends generate before the processor sees its eos.
+        assert matcher.is_terminated() or matcher.can_end()
+
+
+def test_logits_processor_batch_sampling(backend: Any) -> None:
+    import torch
+
+    choices = ["Paris", "Rome", "Berlin", "Madrid"]
+    compiled = compile_grammar(Grammar.from_choices(choices), backend.vocabulary, disk_cache=False)
+    torch.manual_seed(0)
+    texts, _ = _generate_with_processor(
+        backend,
+        ["What is the capital of Italy?", "Which city is the capital of Spain? Be brief."],
+        compiled,
+        do_sample=True,
+        temperature=1.0,
+        top_p=0.9,
+    )
+    assert all(text in choices for text in texts), texts
+
+
+def test_logits_processor_rejects_other_objects() -> None:
+    from formline.backends.transformers import FormlineLogitsProcessor
+
+    with pytest.raises(TypeError):
+        FormlineLogitsProcessor(object(), 10)
+
+
+def test_unloadable_paths_raise_backend_error(tmp_path: Any) -> None:
+    from formline.backends import BackendError
+    from formline.backends.transformers import TransformersBackend
+
+    with pytest.raises(BackendError, match="not found"):
+        TransformersBackend(tmp_path / "missing.gguf")
+    (tmp_path / "weights.bin").write_bytes(b"\0")
+    with pytest.raises(BackendError, match="gguf"):
+        TransformersBackend(tmp_path / "weights.bin")
+    with pytest.raises(BackendError, match="cannot load"):
+        TransformersBackend(tmp_path)  # a directory without a model
+
+
+def test_jump_forward_respects_the_rollback_limit(backend: Any) -> None:
+    schema = compile_schema(LONG_KEYS, backend.vocabulary, disk_cache=False)
+    prompt = chat(backend, "Give a customer record as JSON.")
+    result = backend.generate(prompt, schema.matcher(max_rollback_tokens=2), Sampling(max_tokens=8))
+    assert result.finish_reason == "length" and result.completion_tokens == 8
+    assert result.extra["jump_forward_tokens"] > 0  # jumps of at most 2 tokens still happen
+    replay = schema.matcher()
+    assert all(replay.accept_token(token) for token in result.token_ids)

@@ -1,0 +1,53 @@
+"""The CLI with the real embedded model: output, exit codes, resumable batches."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from formline.cli.main import main
+
+PERSON = Path(__file__).resolve().parents[2] / "examples" / "person.json"
+
+
+def test_generate_prints_valid_json_and_exit_codes(capsys: Any) -> None:
+    assert main(["generate", "--schema", str(PERSON), "Ada Lovelace, 36, lives in London."]) == 0
+    value = json.loads(capsys.readouterr().out)
+    assert set(value) == {"name", "age", "city"} and isinstance(value["age"], int)
+    assert main(["generate", "--schema", str(PERSON), "Ada", "--max-tokens", "3"]) == 4
+    assert "cut off" in capsys.readouterr().err
+    assert main(["generate", "--schema", "/no/such/schema.json", "Ada"]) == 2
+    assert main(["generate", "--choices", "yes,no", "Is water wet?"]) == 0
+    assert capsys.readouterr().out.strip() in ("yes", "no")
+
+
+def test_compile_schema_prints_the_keyword_report(capsys: Any, tmp_path: Path) -> None:
+    schema = tmp_path / "s.json"
+    schema.write_text(
+        json.dumps({"type": "array", "items": {"type": "integer"}, "uniqueItems": True})
+    )
+    assert main(["compile", "--schema", str(schema)]) == 0
+    out = capsys.readouterr().out
+    assert "checked after decoding (1)" in out and "uniqueItems at /" in out
+    schema.write_text(json.dumps({"type": "object", "properties": {"a": {"$ref": "#/nope"}}}))
+    assert main(["compile", "--schema", str(schema)]) == 2
+    assert "/properties/a" in capsys.readouterr().err
+
+
+def test_extract_writes_one_line_per_input_and_resumes(tmp_path: Path, capsys: Any) -> None:
+    documents = tmp_path / "docs.jsonl"
+    rows = [
+        {"id": "a", "text": "Lagos resident Chiamaka Eze turned 29 on Saturday."},
+        {"id": "b", "text": "Mateus Carvalho, 34, sells fruit in Porto Alegre."},
+    ]
+    documents.write_text(json.dumps(rows[0]) + "\n")
+    output = tmp_path / "out.jsonl"
+    arguments = ["extract", "--schema", str(PERSON), "--input", str(documents)]
+    assert main([*arguments, "--output", str(output)]) == 0
+    documents.write_text("".join(json.dumps(row) + "\n" for row in rows))
+    assert main([*arguments, "--output", str(output)]) == 0  # resumes: only "b" is new
+    written = [json.loads(line) for line in output.read_text().splitlines()]
+    assert [row["id"] for row in written] == ["a", "b"]
+    assert all(row["finish_reason"] == "stop" and row["value"] for row in written)
+    assert "1 written, 1 already there" in capsys.readouterr().err
