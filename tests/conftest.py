@@ -53,3 +53,11 @@ def smollm2_tokenizer() -> Any:
 @pytest.fixture(scope="session")
 def phi3_tokenizer() -> Any:
     return load_huggingface_tokenizer("phi-3")
+
+
+@pytest.fixture(scope="session")
+def llama_backend() -> Any:
+    """The embedded SmolLM2 model on llama.cpp, one thread (loaded once per session)."""
+    from formline.backends import load_backend
+
+    return load_backend("llama_cpp", n_threads=1)

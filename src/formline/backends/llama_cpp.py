@@ -14,13 +14,19 @@ drops every longer piece (47 of SmolLM2's tokens, e.g. 64 dashes or a newline pl
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from formline.backends.base import BackendError, Generation, Sampling, closing_tokens
+from formline.backends.base import (
+    BackendError,
+    Generation,
+    Sampling,
+    apply_mask_measuring,
+    closing_tokens,
+)
 from formline.mask.bitmask import allocate_token_bitmask, apply_token_bitmask_inplace
 from formline.mask.matcher import GrammarMatcher
 from formline.vocab import Vocabulary
@@ -40,6 +46,7 @@ class _Counters:
     mask_seconds: float = 0.0
     jump_forward_tokens: int = 0
     closing_tokens: int = 0
+    pressure: dict[int, tuple[float, bool]] = field(default_factory=dict)
 
 
 class LlamaCppBackend:
@@ -212,7 +219,7 @@ class LlamaCppBackend:
             if matcher is not None:
                 begun = time.perf_counter()
                 matcher.fill_next_token_bitmask(bitmask)
-                apply_token_bitmask_inplace(logits, bitmask[0])
+                counters.pressure[len(output)] = apply_mask_measuring(logits, bitmask[0])
                 counters.mask_seconds += time.perf_counter() - begun
             if matcher is not None and sampling.close_within_budget:
                 closing = closing_tokens(
@@ -316,6 +323,7 @@ class LlamaCppBackend:
             forward_passes=counters.forward_passes,
             forward_passes_saved=counters.forward_passes_saved,
             closing_tokens=counters.closing_tokens,
+            step_pressure=counters.pressure,
             forward_seconds=counters.forward_seconds,
             mask_seconds=counters.mask_seconds,
             extra={

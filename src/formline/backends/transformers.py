@@ -22,7 +22,13 @@ from typing import Any
 
 import numpy as np
 
-from formline.backends.base import BackendError, Generation, Sampling, closing_tokens
+from formline.backends.base import (
+    BackendError,
+    Generation,
+    Sampling,
+    apply_mask_measuring,
+    closing_tokens,
+)
 from formline.mask.bitmask import allocate_token_bitmask, apply_token_bitmask_inplace
 from formline.mask.compiled import CompiledGrammar
 from formline.mask.matcher import GrammarMatcher
@@ -149,6 +155,7 @@ class TransformersBackend:
             forward_passes=loop.forward_passes,
             forward_passes_saved=loop.forward_passes_saved,
             closing_tokens=loop.closing_tokens,
+            step_pressure=loop.pressure,
             forward_seconds=loop.forward_seconds,
             mask_seconds=loop.mask_seconds,
             extra={"device": str(self.device), "jump_forward_tokens": loop.forced_tokens},
@@ -185,6 +192,7 @@ class _Loop:
         self.finish_reason = "length"
         self.forward_passes = self.forward_passes_saved = self.forced_tokens = 0
         self.closing_tokens = 0
+        self.pressure: dict[int, tuple[float, bool]] = {}
         self.forward_seconds = self.mask_seconds = 0.0
         # One (1, words) int32 bitmask per loop, applied by numpy to a view of the CPU logits
         # (0.07 ms for 49k logits; torch's apply takes 0.06 ms but runs on its thread pool).
@@ -241,7 +249,7 @@ class _Loop:
             started = time.perf_counter()
             matcher.fill_next_token_bitmask(self.bitmask)
             values = logits.numpy()  # shares memory with the tensor
-            apply_token_bitmask_inplace(values, self.bitmask[0])
+            self.pressure[len(self.output)] = apply_mask_measuring(values, self.bitmask[0])
             self.mask_seconds += time.perf_counter() - started
             if not np.isfinite(values).any():
                 raise RuntimeError("formline bug: the grammar mask allows no token")

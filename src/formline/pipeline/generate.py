@@ -23,6 +23,7 @@ from formline.backends.base import Backend, Generation, Sampling, load_backend
 from formline.grammar.ir import Grammar
 from formline.mask.compiler import compile_grammar
 from formline.mask.matcher import GrammarMatcher
+from formline.pipeline.pressure import DEFAULT_THRESHOLD, FieldPressure, field_pressure
 
 _backends: dict[tuple[str, str], Backend] = {}
 _backends_lock = threading.Lock()
@@ -79,6 +80,11 @@ class Result:
     errors: list[str] = field(default_factory=list)
     report: Any = None  # the schema's keyword report, when the output is a schema
     output_model: Any = None
+    pressure: dict[str, FieldPressure] = field(default_factory=dict)
+
+    def flagged_fields(self, threshold: float = DEFAULT_THRESHOLD) -> list[str]:
+        """JSON paths written against the model's preference (see :mod:`.pressure`)."""
+        return [path for path, entry in self.pressure.items() if entry.is_flagged(threshold)]
 
     @property
     def value(self) -> Any:
@@ -149,7 +155,7 @@ def generate(
     matcher = None if free or plan.compiled is None else GrammarMatcher(plan.compiled)
     sampling = Sampling(temperature, top_p, seed, max_tokens, jump_forward)
     generation = engine.generate(engine.render_chat(messages), matcher, sampling)
-    return _result(generation, plan, compile_seconds)
+    return _result(generation, plan, compile_seconds, engine.vocabulary.token_bytes)
 
 
 @dataclass
@@ -198,7 +204,9 @@ def _messages(
     return messages
 
 
-def _result(generation: Generation, plan: _Plan, compile_seconds: float) -> Result:
+def _result(
+    generation: Generation, plan: _Plan, compile_seconds: float, token_bytes: Any
+) -> Result:
     errors: list[str] = []
     if generation.finish_reason != "length" and plan.kind in ("json", "model"):
         try:
@@ -226,4 +234,5 @@ def _result(generation: Generation, plan: _Plan, compile_seconds: float) -> Resu
         errors=errors,
         report=plan.checker.report if plan.checker else None,
         output_model=plan.output_model,
+        pressure=field_pressure(generation.token_ids, token_bytes, generation.step_pressure),
     )

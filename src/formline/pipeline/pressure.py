@@ -1,0 +1,153 @@
+"""Constraint pressure per field: where the mask overrode what the model wanted to write.
+
+While decoding, each sampled step records the probability mass the mask removed and whether
+the model's preferred token was refused (:func:`formline.backends.base.apply_mask_measuring`).
+Here those steps are attributed to JSON paths (``age``, ``items[2].unit_price``) by
+scanning the output text, and aggregated per path. A field written under heavy pressure is
+one the model wanted to write differently (seed 000: the model wanted ``"age": "21"`` and
+was forced onto a digit): a reason to doubt its content, not its form.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+DEFAULT_THRESHOLD = 0.5  # flag a field when the mask removed over half the model's mass
+
+
+@dataclass
+class FieldPressure:
+    """The pressure on one JSON path."""
+
+    path: str
+    steps: int = 0
+    max_removed: float = 0.0
+    total_removed: float = 0.0
+    preferred_refused: int = 0
+
+    @property
+    def mean_removed(self) -> float:
+        return self.total_removed / self.steps if self.steps else 0.0
+
+    def is_flagged(self, threshold: float = DEFAULT_THRESHOLD) -> bool:
+        """Whether the model was pushed off its preference hard on this field."""
+        return self.max_removed >= threshold
+
+
+def byte_paths(text: bytes) -> list[str]:
+    """The JSON path each byte of ``text`` belongs to (``""`` for the top level).
+
+    A key's bytes belong to its member's path; punctuation to the enclosing container.
+    Tolerates truncated text. Costs O(len(text) x depth).
+    """
+    scanner = _PathScanner()
+    for index, byte in enumerate(text):
+        scanner.feed(index, byte)
+    return scanner.paths
+
+
+class _PathScanner:
+    def __init__(self) -> None:
+        self.paths: list[str] = []
+        self.frames: list[list[object]] = []  # [kind "o"/"a", key or index, expects key?]
+        self.in_string = self.escaped = self.in_key = False
+        self.key_start = 0
+        self.key = bytearray()
+
+    def path(self) -> str:
+        parts = []
+        for kind, label, _ in self.frames:
+            if kind == "a":
+                parts.append(f"[{label}]")
+            elif label is not None:
+                parts.append(f".{label}" if parts else str(label))
+        return "".join(parts)
+
+    def feed(self, index: int, byte: int) -> None:
+        if self.in_string:
+            self.paths.append(self.path())
+            self._string_byte(index, byte)
+            return
+        character = chr(byte)
+        if character in "}]" and self.frames:
+            self.frames.pop()
+        self.paths.append(self.path())
+        if character == "{":
+            self.frames.append(["o", None, True])
+        elif character == "[":
+            self.frames.append(["a", 0, False])
+        elif character == "," and self.frames:
+            top = self.frames[-1]
+            if top[0] == "a":
+                top[1] = int(str(top[1])) + 1
+            else:
+                top[1], top[2] = None, True
+        elif character == '"':
+            self.in_string = True
+            self.in_key = (
+                bool(self.frames) and self.frames[-1][0] == "o" and bool(self.frames[-1][2])
+            )
+            self.key_start, self.key = index, bytearray()
+
+    def _string_byte(self, index: int, byte: int) -> None:
+        if self.escaped:
+            self.escaped = False
+        elif byte == 0x5C:
+            self.escaped = True
+        elif byte == 0x22:
+            self.in_string = False
+            if self.in_key:
+                top = self.frames[-1]
+                top[1], top[2] = self.key.decode("utf-8", "replace"), False
+                member = self.path()
+                for position in range(self.key_start, index + 1):
+                    self.paths[position] = member
+            return
+        if self.in_key:
+            self.key.append(byte)
+
+
+def field_pressure(
+    token_ids: Sequence[int],
+    token_bytes: Sequence[bytes],
+    step_pressure: dict[int, tuple[float, bool]],
+) -> dict[str, FieldPressure]:
+    """Aggregate per-step pressure onto the JSON paths the steps' tokens wrote.
+
+    A token is attributed to the path of its first byte that is not JSON punctuation (its
+    first byte otherwise). Costs O(output bytes).
+    """
+    pieces = [token_bytes[token] if 0 <= token < len(token_bytes) else b"" for token in token_ids]
+    text = b"".join(pieces)
+    paths = byte_paths(text)
+    result: dict[str, FieldPressure] = {}
+    offset = 0
+    for position, piece in enumerate(pieces):
+        start, offset = offset, offset + len(piece)
+        if position not in step_pressure or not piece:
+            continue
+        chosen = next(
+            (at for at in range(start, offset) if chr(text[at]) not in '{}[],:" \n'), start
+        )
+        path = paths[chosen] if chosen < len(paths) else ""
+        removed, refused = step_pressure[position]
+        entry = result.setdefault(path, FieldPressure(path))
+        entry.steps += 1
+        entry.max_removed = max(entry.max_removed, removed)
+        entry.total_removed += removed
+        entry.preferred_refused += int(refused)
+    return result
+
+
+def top_level(pressure: dict[str, FieldPressure]) -> dict[str, FieldPressure]:
+    """Roll paths up to their top-level field (``items[2].unit_price`` -> ``items``)."""
+    rolled: dict[str, FieldPressure] = {}
+    for path, entry in pressure.items():
+        name = path.split(".")[0].split("[")[0]
+        target = rolled.setdefault(name, FieldPressure(name))
+        target.steps += entry.steps
+        target.max_removed = max(target.max_removed, entry.max_removed)
+        target.total_removed += entry.total_removed
+        target.preferred_refused += entry.preferred_refused
+    return rolled

@@ -1,0 +1,60 @@
+"""Constraint pressure: steps attributed to JSON paths, aggregated, flagged."""
+
+from __future__ import annotations
+
+import itertools
+from typing import Any
+
+import numpy as np
+
+from formline.backends.base import apply_mask_measuring
+from formline.mask.bitmask import allocate_token_bitmask, ids_to_bitmask
+from formline.pipeline.pressure import byte_paths, field_pressure, top_level
+
+
+def test_byte_paths_follow_keys_indices_and_nesting() -> None:
+    text = b'{"name":"Ada","items":[{"d":"x","q":2},{"d":"y"}],"age":3}'
+    runs = [
+        (path, "".join(character for character, _ in group))
+        for path, group in itertools.groupby(
+            zip(text.decode(), byte_paths(text), strict=True), key=lambda pair: pair[1]
+        )
+    ]
+    assert ("name", '"name":"Ada",') in runs
+    assert ("items[0].q", '"q":2') in runs
+    assert ("items[1].d", '"d":"y"') in runs
+    assert ("age", '"age":3') in runs
+    assert byte_paths(b'{"a":"x\\"y') == ["", "a", "a", "a", "a", "a", "a", "a", "a", "a"]
+
+
+def test_field_pressure_aggregates_steps_on_the_fields_they_wrote() -> None:
+    pieces = [b'{"', b"age", b'":', b"4", b"2", b',"', b"city", b'":"', b"Rio", b'"}']
+    steps = {3: (0.9, True), 4: (0.1, False), 8: (0.05, False)}
+    pressure = field_pressure(range(len(pieces)), pieces, steps)
+    assert pressure["age"].steps == 2 and pressure["age"].max_removed == 0.9
+    assert pressure["age"].preferred_refused == 1 and pressure["age"].is_flagged()
+    assert not pressure["city"].is_flagged()
+    assert set(top_level(pressure)) == {"age", "city"}
+
+
+def test_apply_mask_measuring_reports_removed_mass_and_refused_preference() -> None:
+    logits = np.log(np.array([0.7, 0.2, 0.1], dtype=np.float32))
+    bitmask = allocate_token_bitmask(1, 3)
+    bitmask[0] = ids_to_bitmask(np.array([1, 2]), 1).view(np.int32)
+    removed, refused = apply_mask_measuring(logits, bitmask[0])
+    assert abs(removed - 0.7) < 1e-5 and refused
+    assert np.isneginf(logits[0]) and np.isfinite(logits[1])
+
+
+def test_results_carry_pressure_from_the_real_model(llama_backend: Any) -> None:
+    from formline.pipeline.generate import generate
+
+    schema = {
+        "type": "object",
+        "properties": {"age": {"type": "integer"}},
+        "required": ["age"],
+        "additionalProperties": False,
+    }
+    result = generate("How old is Ada? She is thirty-six.", schema, llama_backend, max_tokens=20)
+    assert "age" in result.pressure and result.pressure["age"].steps >= 1
+    assert all(0.0 <= entry.max_removed <= 1.0 for entry in result.pressure.values())
