@@ -1,0 +1,317 @@
+"""Grounding checks: does an extracted value actually occur in the source text?
+
+Constrained decoding guarantees the shape of the output, not that its values were read from
+the input (seed 000: a required ``notice_days: integer`` gets a number even when the text
+has none). These checks feed a repair loop: every error names the field it is about.
+
+Decisions:
+
+- Strings are compared after NFC normalization, case folding, collapsing whitespace runs
+  to one space and mapping typographic quotes and dashes to ASCII. Accents must match as
+  written: "Krakow" is not grounded in a text that says "Kraków". A match must start and
+  end on word boundaries ("Ann" is not in "Anna"); an empty value is never grounded.
+- Numbers are read as digits and as English number words. A separated digit group reads
+  every way it can: "1,500" gives 1500 and 1.5, "49,90" gives 49.9, "Rp25.000" gives
+  25000 and 25.0, "1 500" gives 1500 (and 1 and 500); a group with no reading as one
+  number ("14.08.2024") gives its parts. Digits count only as whole runs: 36 is not in
+  "360" or "1936". Signs are not read: magnitudes are compared.
+- Number words cover 0 to 999,999,999,999 ("seventy-one", "one hundred and eighty",
+  "a thousand", "twelve hundred"); "a dozen" is 12 and "two dozen" 24; ordinals are their
+  cardinals ("first" is 1, "twenty-ninth" 29, "29th" 29); "nineteen eighty-four" is two
+  numbers (19 and 84), not a year.
+- Values are compared exactly (49.9 equals 49.90; a float uses its shortest repr).
+"""
+
+from __future__ import annotations
+
+import re
+import unicodedata
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
+from decimal import Decimal
+from functools import lru_cache
+from typing import Any
+
+UNIT_WORDS = "zero one two three four five six seven eight nine"
+TEEN_WORDS = "ten eleven twelve thirteen fourteen fifteen sixteen seventeen eighteen nineteen"
+TEN_WORDS = "twenty thirty forty fifty sixty seventy eighty ninety"
+UNITS = {word: value for value, word in enumerate(UNIT_WORDS.split(" "))}
+TEENS = {word: value for value, word in enumerate(TEEN_WORDS.split(" "), start=10)}
+TENS = {word: 10 * value for value, word in enumerate(TEN_WORDS.split(" "), start=2)}
+SCALES = {"thousand": 10**3, "million": 10**6, "billion": 10**9}
+IRREGULAR = "first one second two third three fifth five eighth eight ninth nine twelfth twelve"
+PAIRS = IRREGULAR.split(" ")
+IRREGULAR_ORDINALS = dict(zip(PAIRS[::2], PAIRS[1::2], strict=True))
+ORDINALS = {
+    **{
+        word + "th": word
+        for word in [*UNITS, *TEENS, "hundred", *SCALES]
+        if word not in IRREGULAR_ORDINALS.values()
+    },
+    **{word[:-1] + "ieth": word for word in TENS},
+    **IRREGULAR_ORDINALS,
+}
+NUMBER_WORDS = {*UNITS, *TEENS, *TENS, *SCALES, "hundred", "dozen", "and", "a"}
+
+DIGITS = re.compile(r"[0-9]+(?:[., \u00a0\u202f\u2009][0-9]+)*")
+SEPARATOR = re.compile(r"[., \u00a0\u202f\u2009]")
+SPACE = re.compile(r"[ \u00a0\u202f\u2009]")
+SCALE_AFTER_DIGITS = re.compile(r"\s*(thousand|million|billion)\b", re.IGNORECASE)
+WORD = re.compile(r"[^\W\d_]+")
+WORD_GAP = re.compile(r"\s*[-‐‑]?\s*")
+TYPOGRAPHY = str.maketrans("‘’‚‛′“”„‟″‐‑‒–—―", "'''''\"\"\"\"\"------")
+
+
+@dataclass(frozen=True)
+class GroundingError:
+    """A leaf of an extracted value that does not occur in the source text."""
+
+    path: str
+    value: Any
+    message: str
+
+    def __str__(self) -> str:
+        return self.message
+
+
+def normalize_text(text: str) -> str:
+    """NFC, case-folded, ASCII quotes and dashes, whitespace runs as one space, trimmed."""
+    folded = unicodedata.normalize("NFC", unicodedata.normalize("NFC", text).casefold())
+    return " ".join(folded.translate(TYPOGRAPHY).split())
+
+
+def string_is_grounded(value: str, source: str) -> bool:
+    """Whether ``value`` occurs in ``source`` as whole words, compared after
+    :func:`normalize_text` (so case and whitespace do not matter, accents do).
+
+    Raises TypeError when ``value`` or ``source`` is not a string. Costs one pass over
+    both texts (linear in their lengths).
+    """
+    if not isinstance(value, str) or not isinstance(source, str):
+        raise TypeError("string_is_grounded compares strings")
+    needle = normalize_text(value)
+    if not needle:
+        return False
+    start = r"(?<!\w)" if re.match(r"\w", needle) else ""
+    end = r"(?!\w)" if re.search(r"\w$", needle) else ""
+    return re.search(start + re.escape(needle) + end, normalize_text(source)) is not None
+
+
+def number_is_grounded(value: int | float | Decimal, source: str) -> bool:
+    """Whether the magnitude of ``value`` is among :func:`extract_numbers` of ``source``.
+
+    A non-finite value is never grounded. Raises TypeError for a bool or a non-number.
+    Costs one pass over ``source``; the numbers of the last 256 sources are cached.
+    """
+    if isinstance(value, bool) or not isinstance(value, int | float | Decimal):
+        raise TypeError(f"number_is_grounded needs a number, not {type(value).__name__}")
+    number = Decimal(repr(value)) if isinstance(value, float) else Decimal(value)
+    return number.is_finite() and abs(number) in _number_set(source)
+
+
+def extract_numbers(source: str) -> list[Decimal]:
+    """Every number ``source`` states, as digits or English words, in text order (an
+    ambiguous digit group gives each reading; magnitudes only, signs are not read).
+
+    Costs one pass over ``source`` (linear in its length).
+    """
+    found = [*_digit_numbers(source), *_word_numbers(source)]
+    return [value for _, value in sorted(found, key=lambda item: item[0])]
+
+
+@lru_cache(maxsize=256)
+def _number_set(source: str) -> frozenset[Decimal]:
+    """:func:`extract_numbers` as a set, cached per source text."""
+    return frozenset(extract_numbers(source))
+
+
+def ground(
+    value: Any, source: str, fields: Iterable[str] | str | None = None
+) -> list[GroundingError]:
+    """Check every selected string and number leaf of the JSON-like ``value`` against
+    ``source``; return one :class:`GroundingError` per leaf that is not there.
+
+    ``fields`` selects paths: ``None`` is every leaf; else each selector is a path or a
+    path prefix ("age", "items", "items[2].unit_price"), where "[]" stands for any index
+    ("items[].description"). A bare string is one selector. Booleans and nulls are never
+    checked. Raises TypeError for a value that is not made of dicts, lists, strings,
+    numbers, booleans and nulls. Costs one pass over ``source`` per selected string leaf.
+    """
+    selectors = None if fields is None else [fields] if isinstance(fields, str) else list(fields)
+    errors: list[GroundingError] = []
+    for path, generic, leaf in _leaves(value, "", ""):
+        if isinstance(leaf, bool) or leaf is None:
+            continue
+        if selectors is not None and not any(_selects(s, path, generic) for s in selectors):
+            continue
+        label = path or "the value"
+        if isinstance(leaf, str) and not string_is_grounded(leaf, source):
+            errors.append(GroundingError(path, leaf, f"{label} = {leaf!r} {_MISSING_STRING}"))
+        elif not isinstance(leaf, str) and not number_is_grounded(leaf, source):
+            errors.append(GroundingError(path, leaf, f"{label} = {leaf} {_MISSING_NUMBER}"))
+    return errors
+
+
+_MISSING_STRING = "does not occur in the source (case and spacing aside, accents as written)"
+_MISSING_NUMBER = "does not occur in the source (as digits or words)"
+
+
+def _leaves(value: Any, path: str, generic: str) -> Iterator[tuple[str, str, Any]]:
+    """(path, path with indices as "[]", leaf) for every leaf of ``value``."""
+    if isinstance(value, dict):
+        for key, item in value.items():
+            prefix = "." if path else ""
+            yield from _leaves(item, f"{path}{prefix}{key}", f"{generic}{prefix}{key}")
+    elif isinstance(value, list | tuple):
+        for index, item in enumerate(value):
+            yield from _leaves(item, f"{path}[{index}]", f"{generic}[]")
+    elif value is None or isinstance(value, str | int | float | Decimal):
+        yield path, generic, value
+    else:
+        raise TypeError(f"{path or 'the value'} is a {type(value).__name__}, not JSON")
+
+
+def _selects(selector: str, path: str, generic: str) -> bool:
+    """Whether ``selector`` is ``path`` (or its generic form) or a prefix of it."""
+    return any(
+        candidate == selector or candidate.startswith((selector + ".", selector + "["))
+        for candidate in (path, generic)
+    )
+
+
+def _digit_numbers(source: str) -> Iterator[tuple[int, Decimal]]:
+    """(position, value) for every reading of every digit group, with a following scale
+    word applied ("1.5 million")."""
+    for match in DIGITS.finditer(source):
+        readings = _readings(match.group())
+        scale = SCALE_AFTER_DIGITS.match(source, match.end())
+        if scale:
+            readings |= {value * SCALES[scale.group(1).lower()] for value in readings}
+        for value in sorted(readings):
+            yield match.start(), value
+
+
+def _readings(group: str) -> set[Decimal]:
+    """Every value a digit group can mean (see the module docstring)."""
+    parts, separators = SEPARATOR.split(group), SEPARATOR.findall(group)
+    if not separators:
+        return {Decimal(group)}
+    readings = set()
+    if _thousands(parts, separators):
+        readings.add(Decimal("".join(parts)))
+    point = separators[-1]
+    if point in ".," and (
+        len(parts) == 2
+        or (_thousands(parts[:-1], separators[:-1]) and point not in separators[:-1])
+    ):
+        readings.add(Decimal("".join(parts[:-1]) + "." + parts[-1]))
+    if SPACE.search(group):  # a space may also stand between two numbers
+        for piece in SPACE.split(group):
+            readings |= _readings(piece)
+    elif not readings:
+        readings = {Decimal(part) for part in parts}
+    return readings
+
+
+def _thousands(parts: list[str], separators: list[str]) -> bool:
+    """Whether the parts are thousands groups joined by one kind of separator."""
+    return (
+        len(set(separators)) == 1
+        and 1 <= len(parts[0]) <= 3
+        and all(len(part) == 3 for part in parts[1:])
+    )
+
+
+def _word_numbers(source: str) -> Iterator[tuple[int, Decimal]]:
+    """(position, value) of every number-word phrase."""
+    for run in _word_runs(source):
+        words = [word for _, word in run]
+        index = 0
+        while index < len(words):
+            parsed = _parse_number(words, index)
+            if parsed is None:
+                index += 1
+                continue
+            value, end = parsed
+            yield run[index][0], Decimal(value)
+            index = end
+
+
+def _word_runs(source: str) -> Iterator[list[tuple[int, str]]]:
+    """Runs of number words joined by spaces or hyphens, as (position, cardinal word); an
+    ordinal becomes its cardinal and ends its run."""
+    run: list[tuple[int, str]] = []
+    previous_end = -1
+    for match in WORD.finditer(source):
+        word = match.group().casefold()
+        cardinal = ORDINALS.get(word, word)
+        joined = WORD_GAP.fullmatch(source, previous_end, match.start()) is not None
+        if run and (not joined or cardinal not in NUMBER_WORDS):
+            yield run
+            run = []
+        if cardinal in NUMBER_WORDS:
+            run.append((match.start(), cardinal))
+            if word in ORDINALS:
+                yield run
+                run = []
+        previous_end = match.end()
+    if run:
+        yield run
+
+
+def _parse_number(words: list[str], start: int) -> tuple[int, int] | None:
+    """The longest number spelled from ``words[start]``: (value, end index), or None."""
+    if words[start] == "zero":
+        return 0, start + 1
+    total, index, last_scale, parsed = 0, start, 10**12, False
+    while index < len(words):
+        skip = 1 if parsed and words[index] == "and" else 0
+        below = _parse_below_thousand(words, index + skip)
+        if below is None:
+            break
+        value, index = below
+        parsed = True
+        following = _word_at(words, index)
+        if following == "dozen" and total == 0:
+            return value * 12, index + 1
+        if SCALES.get(following, 10**12) < last_scale:
+            last_scale = SCALES[following]
+            total, index = total + value * last_scale, index + 1
+            continue
+        total += value
+        break
+    return (total, index) if parsed else None
+
+
+def _parse_below_thousand(words: list[str], start: int) -> tuple[int, int] | None:
+    """A number below 1000 (or "a" before "hundred", a scale or "dozen"); (value, end)."""
+    first, second = _word_at(words, start), _word_at(words, start + 1)
+    value, index = 0, start
+    if second == "hundred" and first in {*UNITS, *TEENS, "a"} - {"zero"}:
+        value, index = {**UNITS, **TEENS, "a": 1}[first] * 100, start + 2
+        if _word_at(words, index) == "and" and _tens_part(words, index + 1) is not None:
+            index += 1
+    elif first == "a":
+        return (1, start + 1) if second in SCALES or second == "dozen" else None
+    tail = _tens_part(words, index)
+    if tail is not None:
+        value, index = value + tail[0], tail[1]
+    return (value, index) if index > start else None
+
+
+def _tens_part(words: list[str], start: int) -> tuple[int, int] | None:
+    """A number below 100 from ``words[start]`` ("forty", "forty two", "twelve"), or None."""
+    word = _word_at(words, start)
+    if word in TENS:
+        following = _word_at(words, start + 1)
+        if following in UNITS and following != "zero":
+            return TENS[word] + UNITS[following], start + 2
+        return TENS[word], start + 1
+    if word in TEENS or (word in UNITS and word != "zero"):
+        return {**UNITS, **TEENS}[word], start + 1
+    return None
+
+
+def _word_at(words: list[str], index: int) -> str:
+    """``words[index]``, or "" past the end."""
+    return words[index] if index < len(words) else ""
