@@ -304,3 +304,16 @@ def test_compile_schema_gives_matcher_report_after_check_and_schema_order(
     assert compiled.check({"name": "Zoë", "tags": ["a"]}) == []
     refused = compiled.matcher()
     assert not refused.accept_string(b'{"tags"')
+
+
+def test_a_flat_object_of_600_properties_compiles() -> None:
+    properties = {f"p{index}": {"type": "integer"} for index in range(600)}
+    accepts = language(
+        {
+            "type": "object",
+            "properties": properties,
+            "required": ["p599"],
+            "additionalProperties": False,
+        }
+    )
+    assert accepts({"p0": 1, "p599": 2}) and not accepts({"p0": 1})

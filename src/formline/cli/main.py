@@ -136,6 +136,21 @@ def _compile_schema(arguments: argparse.Namespace) -> int:
     return 0
 
 
+def run_lint(arguments: argparse.Namespace) -> int:
+    """Lint a JSON Schema file: one line per finding (or a JSON array); 1 if any is an error."""
+    import json
+
+    from formline.schema.lint import lint_schema
+
+    text = Path(arguments.schema).read_text(encoding="utf-8")
+    findings = lint_schema(text, provider=arguments.provider)
+    if arguments.json:
+        print(json.dumps([finding.to_dict() for finding in findings], indent=2))
+    elif findings:
+        print("\n".join(str(finding) for finding in findings))  # severity code pointer: ...
+    return 1 if any(finding.severity == "error" for finding in findings) else 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="formline", description=__doc__.splitlines()[0])
     commands = parser.add_subparsers(dest="command", required=True)
@@ -160,6 +175,11 @@ def build_parser() -> argparse.ArgumentParser:
     compile_command.add_argument("--vocabulary", help="a GGUF file (default: SmolLM2)")
     compile_command.add_argument("--no-cache", action="store_true", help="skip the disk cache")
     compile_command.set_defaults(handler=run_compile)
+    lint = commands.add_parser("lint", help="quality and portability problems of a JSON Schema")
+    lint.add_argument("schema", help="a JSON Schema file")
+    lint.add_argument("--json", action="store_true", help="a JSON array of findings")
+    lint.add_argument("--provider", choices=("openai", "anthropic"), help="portability as errors")
+    lint.set_defaults(handler=run_lint)
     register_generation(commands)
     return parser
 

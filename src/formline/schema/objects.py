@@ -38,6 +38,7 @@ INLINE_BUDGET_NODES = 3_000  # IR nodes of the fully inlined member automaton
 # no one object DFA holds every big field: 4 strings of maxLength 255 plus dates took one
 # DFA past its 20,000-state limit.
 SHARED_MEMBER_NODES = 2_000
+CHAIN_CUT = 64
 State = tuple[int, int]
 
 
@@ -95,7 +96,11 @@ class _Members:
             for written in range(self.cap + 1):
                 if (index, written) in counts:
                     node = self._state(index, written, nodes, extra)
-                    if not inline and counts[(index, written)] > 1 and not is_nothing(node):
+                    shared = not inline and counts[(index, written)] > 1
+                    # Each state nests the next: cut the chain into called rules so a flat
+                    # object of 488 properties does not nest 488 deep (RecursionError).
+                    shared |= index > 0 and index % CHAIN_CUT == 0
+                    if shared and not is_nothing(node):
                         node = self.compiler.shared(node, "members", force=True)
                     nodes[(index, written)] = node
         return nodes[(0, 0)]
