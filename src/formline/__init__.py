@@ -1,12 +1,15 @@
 """formline: language-model output that is valid by construction.
 
 ``formline.generate(prompt, output)`` decodes with a real local model under a JSON Schema,
-a Pydantic model, a :class:`Regex`, a :class:`Choice` or a :class:`Grammar`. The engine's
+a Pydantic model, a :class:`Regex`, a :class:`Choice` or a :class:`Grammar`.
+``formline.extract(source, output)`` adds validation, grounding and a repair loop, and ends
+in an :class:`Extraction` or a typed :class:`Failed`. The engine's
 four objects live in :mod:`formline.grammar`, :mod:`formline.vocab`, :mod:`formline.mask`
 and :mod:`formline.schema`. Importing formline imports no model engine.
 """
 
 from formline.grammar import Grammar
+from formline.pipeline.extract import Extraction, Failed, extract
 from formline.pipeline.generate import (
     Choice,
     InvalidOutput,
@@ -20,10 +23,13 @@ __version__ = "0.1.0"
 
 __all__ = [
     "Choice",
+    "Extraction",
+    "Failed",
     "Grammar",
     "InvalidOutput",
     "Regex",
     "Result",
     "TruncatedOutput",
+    "extract",
     "generate",
 ]
