@@ -51,3 +51,16 @@ def test_extract_writes_one_line_per_input_and_resumes(tmp_path: Path, capsys: A
     assert [row["id"] for row in written] == ["a", "b"]
     assert all(row["finish_reason"] == "stop" and row["value"] for row in written)
     assert "1 written, 1 already there" in capsys.readouterr().err
+
+
+def test_extract_with_the_repair_loop_records_attempts(tmp_path: Path) -> None:
+    documents = tmp_path / "docs.jsonl"
+    documents.write_text(
+        json.dumps({"id": "a", "text": "Ada Lovelace, 36, lives in London."}) + "\n"
+    )
+    output = tmp_path / "out.jsonl"
+    arguments = ["extract", "--schema", str(PERSON), "--input", str(documents)]
+    assert main([*arguments, "--output", str(output), "--repair", "2", "--ground"]) == 0
+    (row,) = [json.loads(line) for line in output.read_text().splitlines()]
+    assert 1 <= row["attempts"] <= 2
+    assert (row["value"] is None) == (row["error"] is not None)

@@ -1,7 +1,7 @@
 """``formline.generate`` with the real embedded model on the 72 extraction-dev tasks.
 
 Every constrained output must parse and validate against its schema (format checks on):
-72 of 72. The free outputs' parse rate is printed for the record, not asserted.
+72 of 72. The free outputs' parse rate is recorded by ``python -m bench.generate_bench``.
 """
 
 from __future__ import annotations
@@ -47,7 +47,6 @@ def test_every_constrained_extraction_parses_and_validates(
     all_tasks = tasks()
     assert len(all_tasks) == 72
     failures = []
-    free_parsed = 0
     for task in all_tasks:
         schema = schema_for(task)
         prompt = f"{task['instruction']}\n\n{task['text']}"
@@ -55,11 +54,6 @@ def test_every_constrained_extraction_parses_and_validates(
         checker = compile_schema(schema, backend.vocabulary)
         if result.finish_reason != "stop" or checker.check(json.loads(result.text)):
             failures.append((task["id"], result.finish_reason, result.text))
-        if backend_name == "llama" and task["id"].endswith(("01", "05", "09")):
-            free = generate(prompt, schema, backend, max_tokens=200, free=True)
-            free_parsed += not free.errors and free.finish_reason == "stop"
-    if backend_name == "llama":  # recorded, not asserted
-        print(f"free outputs that parse and validate: {free_parsed} of 18 sampled")
     assert not failures, failures
 
 

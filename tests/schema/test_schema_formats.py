@@ -13,16 +13,14 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable
-from functools import cache
 from pathlib import Path
 
 import pytest
 from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 from jsonschema import Draft202012Validator
+from test_schema_patterns import body_matcher
 
-from formline.grammar.ir import Grammar
-from formline.parser.pushdown import build_pushdown
 from formline.schema.formats import FORMAT_GAPS, FORMAT_NARROWER, FORMAT_PATTERNS, format_node
 
 SUITE = Path("/work/shared/json-schema-test-suite/tests/draft2020-12/optional/format")
@@ -66,22 +64,11 @@ REAL_WORLD_INVALID = {
 # fmt: on
 
 
-@cache
 def format_matcher(name: str) -> Callable[[str], bool]:
     """Whether the format node accepts the whole canonical JSON body of a string."""
     node = format_node(name)
     assert node is not None
-    automaton = build_pushdown(Grammar({"root": node}))
-    stacks, accepts_empty = automaton.initial()
-
-    def matches(text: str) -> bool:
-        data = json.dumps(text, ensure_ascii=False).encode()[1:-1]
-        if not data:
-            return accepts_empty
-        result = automaton.advance(stacks, data)
-        return result is not None and result[1]
-
-    return matches
+    return body_matcher(node)
 
 
 def reference(name: str, text: str, suite_valid: bool | None = None) -> bool:

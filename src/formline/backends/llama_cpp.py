@@ -13,6 +13,7 @@ drops every longer piece (47 of SmolLM2's tokens, e.g. 64 dashes or a newline pl
 
 from __future__ import annotations
 
+import atexit
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -98,6 +99,10 @@ class LlamaCppBackend:
         except (ValueError, RuntimeError) as error:
             raise BackendError(f"llama.cpp cannot load {self.model_path}: {error}") from error
         self._llama_cpp = llama_cpp
+        # Free the model before interpreter shutdown: freed during module teardown,
+        # llama-cpp-python 0.3.36 calls an already-collected C function ("'NoneType' object
+        # is not callable" printed at exit).
+        atexit.register(self.llm.close)
         self.n_vocab = int(self.llm.n_vocab())
         try:
             # The logits size is the vocabulary size; ids beyond the tokenizer become padding.

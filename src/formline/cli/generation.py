@@ -138,6 +138,8 @@ def _extract_row(
 ) -> dict[str, Any]:
     from formline.pipeline.generate import InvalidOutput, TruncatedOutput
 
+    if arguments.repair > 1:
+        return _repair_row(arguments, row, schema, backend)
     prompt = f"{row['instruction']}\n\n{row['text']}" if row.get("instruction") else row["text"]
     started = time.perf_counter()
     result = _generate(arguments, prompt, schema, backend)
@@ -153,6 +155,37 @@ def _extract_row(
         timings={**result.timings, "total_seconds": time.perf_counter() - started},
     )
     return record
+
+
+def _repair_row(
+    arguments: argparse.Namespace, row: dict[str, Any], schema: Any, backend: Any
+) -> dict[str, Any]:
+    """One row through :func:`formline.extract` (the repair loop, ``--repair`` attempts)."""
+    from formline.pipeline.extract import Failed, extract
+
+    outcome = extract(
+        row["text"],
+        schema,
+        backend,
+        instruction=row.get("instruction"),
+        ground=arguments.ground,
+        max_attempts=arguments.repair,
+        max_tokens=arguments.max_tokens,
+        temperature=arguments.temperature,
+        seed=arguments.seed,
+    )
+    last = outcome.attempts[-1]
+    return {
+        "id": row.get("id"),
+        "value": None if isinstance(outcome, Failed) else outcome.value,
+        "text": last.text,
+        "error": outcome.reason if isinstance(outcome, Failed) else None,
+        "finish_reason": last.finish_reason,
+        "errors": last.errors,
+        "attempts": len(outcome.attempts),
+        "usage": outcome.usage,
+        "timings": {"total_seconds": outcome.seconds},
+    }
 
 
 def _read_jsonl(path: Path) -> list[dict[str, Any]]:
@@ -179,5 +212,9 @@ def register(commands: Any) -> None:
     extract.add_argument("--schema", required=True, help="a schema file, or a folder of them")
     extract.add_argument("--input", required=True, help="JSONL: id, text, [instruction, schema]")
     extract.add_argument("--output", required=True, help="JSONL, appended to (resumable)")
+    extract.add_argument(
+        "--repair", type=int, default=1, help="attempts of the repair loop (1: no repair)"
+    )
+    extract.add_argument("--ground", action="store_true", help="check values against the text")
     add_model_arguments(extract)
     extract.set_defaults(handler=run_extract)
