@@ -28,6 +28,7 @@ from typing import Any, ClassVar, NoReturn
 from formline.backends.base import Backend
 from formline.pipeline.escape_hatches import apply_escape_hatches, follow_reference
 from formline.pipeline.generate import backend_for, generate
+from formline.pipeline.pressure import DEFAULT_THRESHOLD, FieldPressure
 from formline.schema.api import schema_of
 
 BUDGET_GROWTH_LIMIT = 4  # a truncated output may grow the budget to 4 x max_tokens
@@ -66,6 +67,7 @@ class Attempt:
     max_tokens: int = 0
     outcome: str = ""
     completion_tokens: int = 0
+    pressure: dict[str, FieldPressure] = field(default_factory=dict)
 
 
 @dataclass
@@ -80,6 +82,16 @@ class Extraction:
     usage: dict[str, int] = field(default_factory=dict)
     seconds: float = 0.0
     ok: ClassVar[bool] = True
+
+    @property
+    def pressure(self) -> dict[str, FieldPressure]:
+        """Constraint pressure per JSON path of the accepted attempt (see
+        :mod:`formline.pipeline.pressure`)."""
+        return self.attempts[-1].pressure
+
+    def flagged_fields(self, threshold: float = DEFAULT_THRESHOLD) -> list[str]:
+        """Paths the accepted attempt wrote against the model's preference."""
+        return [path for path, entry in self.pressure.items() if entry.is_flagged(threshold)]
 
 
 @dataclass
@@ -310,6 +322,7 @@ def _attempt(
         budget,
         outcome,
         completion_tokens,
+        result.pressure,
     )
     return attempt, value
 
