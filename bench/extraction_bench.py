@@ -44,10 +44,10 @@ def load_tasks(limit_per_type: int | None) -> list[dict[str, Any]]:
     return chosen
 
 
-def field_score(pressure: dict[str, Any], field: str) -> float:
+def field_score(pressure: dict[str, Any], field: str, attribute: str = "max_removed") -> float:
     """The largest removed mass on ``field`` or anything under it (``items[2].total``)."""
     values = [
-        entry.max_removed
+        getattr(entry, attribute)
         for path, entry in pressure.items()
         if path == field or path.startswith((field + ".", field + "["))
     ]
@@ -81,6 +81,9 @@ def run_task(task: dict[str, Any], mode: str, backend: Any, max_tokens: int) -> 
     record["valid"] = value is not None and _is_valid(schema, value)
     record["scores"] = score_task(task, value)
     record["pressure"] = {field: field_score(pressure, field) for field in record["scores"]}
+    record["content_pressure"] = {
+        field: field_score(pressure, field, "content_max_removed") for field in record["scores"]
+    }
     return record
 
 
@@ -104,11 +107,13 @@ def auroc(scores: list[float], labels: list[bool]) -> float | None:
     return wins / (len(wrong) * len(right))
 
 
-def pressure_evaluation(records: list[dict[str, Any]], threshold: float) -> dict[str, Any]:
+def pressure_evaluation(
+    records: list[dict[str, Any]], threshold: float, key: str = "pressure"
+) -> dict[str, Any]:
     scores, labels = [], []
     for record in records:
         for field, correct in record["scores"].items():
-            scores.append(record["pressure"][field])
+            scores.append(record[key][field])
             labels.append(not correct)
     flagged = [score >= threshold for score in scores]
     true_positive = sum(f and w for f, w in zip(flagged, labels, strict=True))
@@ -169,6 +174,11 @@ def markdown(summaries: dict[str, Any], pressure: dict[str, Any] | None) -> str:
             f"and recall {_number(pressure['recall'])} at threshold {pressure['threshold']} "
             f"({pressure['flagged']} flagged of {pressure['fields']} fields, "
             f"{pressure['wrong']} wrong).",
+            "Counting only steps where the model preferred content (a letter or digit): "
+            f"AUROC {_number(pressure['content']['auroc'])}, precision "
+            f"{_number(pressure['content']['precision'])} and recall "
+            f"{_number(pressure['content']['recall'])} "
+            f"({pressure['content']['flagged']} flagged).",
         ]
     return "\n".join(lines) + "\n"
 
@@ -197,11 +207,12 @@ def main(arguments: list[str] | None = None) -> int:
             records[mode].append(run_task(task, mode, backend, options.max_tokens))
         print(f"[{index}/{len(tasks)}] {task['id']}", file=sys.stderr, flush=True)
     summaries = {mode: summarize_mode(tasks, records[mode]) for mode in modes}
-    pressure = (
-        pressure_evaluation(records["constrained"], options.threshold)
-        if "constrained" in records
-        else None
-    )
+    pressure = None
+    if "constrained" in records:
+        pressure = pressure_evaluation(records["constrained"], options.threshold)
+        pressure["content"] = pressure_evaluation(
+            records["constrained"], options.threshold, "content_pressure"
+        )
     output = Path(options.output)
     output.write_text(
         json.dumps(

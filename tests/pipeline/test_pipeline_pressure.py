@@ -29,10 +29,11 @@ def test_byte_paths_follow_keys_indices_and_nesting() -> None:
 
 def test_field_pressure_aggregates_steps_on_the_fields_they_wrote() -> None:
     pieces = [b'{"', b"age", b'":', b"4", b"2", b',"', b"city", b'":"', b"Rio", b'"}']
-    steps = {3: (0.9, True), 4: (0.1, False), 8: (0.05, False)}
+    steps = {3: (0.9, True, 9), 4: (0.1, False, 4), 8: (0.05, False, 8)}
     pressure = field_pressure(range(len(pieces)), pieces, steps)
     assert pressure["age"].steps == 2 and pressure["age"].max_removed == 0.9
     assert pressure["age"].preferred_refused == 1 and pressure["age"].is_flagged()
+    assert pressure["age"].content_max_removed == 0.1  # the 0.9 step preferred '"}' (9)
     assert not pressure["city"].is_flagged()
     assert set(top_level(pressure)) == {"age", "city"}
 
@@ -41,8 +42,8 @@ def test_apply_mask_measuring_reports_removed_mass_and_refused_preference() -> N
     logits = np.log(np.array([0.7, 0.2, 0.1], dtype=np.float32))
     bitmask = allocate_token_bitmask(1, 3)
     bitmask[0] = ids_to_bitmask(np.array([1, 2]), 1).view(np.int32)
-    removed, refused = apply_mask_measuring(logits, bitmask[0])
-    assert abs(removed - 0.7) < 1e-5 and refused
+    removed, refused, preferred = apply_mask_measuring(logits, bitmask[0])
+    assert abs(removed - 0.7) < 1e-5 and refused and preferred == 0
     assert np.isneginf(logits[0]) and np.isfinite(logits[1])
 
 

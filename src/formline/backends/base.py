@@ -60,8 +60,8 @@ class Generation:
     forward_passes_saved: int = 0  # tokens fed by jump-forward beyond one per pass
     closing_tokens: int = 0  # tokens of a completion written to fit max_tokens
     # Per sampled output position: (probability mass the mask removed, whether the model's
-    # preferred token was refused). Forced and closing tokens have no entry.
-    step_pressure: dict[int, tuple[float, bool]] = field(default_factory=dict)
+    # preferred token was refused, that token's id). Forced and closing tokens have no entry.
+    step_pressure: dict[int, tuple[float, bool, int]] = field(default_factory=dict)
     forward_seconds: float = 0.0
     mask_seconds: float = 0.0
     extra: dict[str, Any] = field(default_factory=dict)
@@ -85,17 +85,17 @@ class Backend(Protocol):
         ...
 
 
-def apply_mask_measuring(logits: np.ndarray, bitmask_row: np.ndarray) -> tuple[float, bool]:
+def apply_mask_measuring(logits: np.ndarray, bitmask_row: np.ndarray) -> tuple[float, bool, int]:
     """Mask float32 ``logits`` in place and measure the constraint's pressure: the
-    probability mass (softmax of the raw logits) on tokens the mask removed, and whether the
-    model's own top token was one of them. Costs two exponentials over the vocabulary
-    (about 0.1 ms for 49,152 logits) besides the mask itself."""
+    probability mass (softmax of the raw logits) on tokens the mask removed, whether the
+    model's own top token was one of them, and that token. Costs two exponentials over the
+    vocabulary (about 0.1 ms for 49,152 logits) besides the mask itself."""
     preferred = int(np.argmax(logits))
     peak = logits[preferred]
     total = float(np.exp(logits - peak).sum())
     apply_token_bitmask_inplace(logits, bitmask_row)
     kept = float(np.exp(logits - peak).sum())  # exp(-inf) is 0: removed tokens drop out
-    return max(0.0, 1.0 - kept / total), not bool(np.isfinite(logits[preferred]))
+    return max(0.0, 1.0 - kept / total), not bool(np.isfinite(logits[preferred])), preferred
 
 
 CLOSING_MARGIN_TOKENS = 2  # one model token can lengthen the shortest completion: keep slack

@@ -47,7 +47,7 @@ class _Counters:
     mask_seconds: float = 0.0
     jump_forward_tokens: int = 0
     closing_tokens: int = 0
-    pressure: dict[int, tuple[float, bool]] = field(default_factory=dict)
+    pressure: dict[int, tuple[float, bool, int]] = field(default_factory=dict)
 
 
 class LlamaCppBackend:

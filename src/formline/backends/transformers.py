@@ -192,7 +192,7 @@ class _Loop:
         self.finish_reason = "length"
         self.forward_passes = self.forward_passes_saved = self.forced_tokens = 0
         self.closing_tokens = 0
-        self.pressure: dict[int, tuple[float, bool]] = {}
+        self.pressure: dict[int, tuple[float, bool, int]] = {}
         self.forward_seconds = self.mask_seconds = 0.0
         # One (1, words) int32 bitmask per loop, applied by numpy to a view of the CPU logits
         # (0.07 ms for 49k logits; torch's apply takes 0.06 ms but runs on its thread pool).

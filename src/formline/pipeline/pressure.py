@@ -25,6 +25,10 @@ class FieldPressure:
     max_removed: float = 0.0
     total_removed: float = 0.0
     preferred_refused: int = 0
+    # The same maximum over the steps where the model preferred content (a token with a
+    # letter or digit), not punctuation or spacing: on extraction-dev most removed mass
+    # was the model asking for '{"' or '",' again, not for another value.
+    content_max_removed: float = 0.0
 
     @property
     def mean_removed(self) -> float:
@@ -111,7 +115,7 @@ class _PathScanner:
 def field_pressure(
     token_ids: Sequence[int],
     token_bytes: Sequence[bytes],
-    step_pressure: dict[int, tuple[float, bool]],
+    step_pressure: dict[int, tuple[float, bool, int]],
 ) -> dict[str, FieldPressure]:
     """Aggregate per-step pressure onto the JSON paths the steps' tokens wrote.
 
@@ -131,13 +135,20 @@ def field_pressure(
             (at for at in range(start, offset) if chr(text[at]) not in '{}[],:" \n'), start
         )
         path = paths[chosen] if chosen < len(paths) else ""
-        removed, refused = step_pressure[position]
+        removed, refused, preferred = step_pressure[position]
         entry = result.setdefault(path, FieldPressure(path))
         entry.steps += 1
         entry.max_removed = max(entry.max_removed, removed)
         entry.total_removed += removed
         entry.preferred_refused += int(refused)
+        if 0 <= preferred < len(token_bytes) and _is_content(token_bytes[preferred]):
+            entry.content_max_removed = max(entry.content_max_removed, removed)
     return result
+
+
+def _is_content(piece: bytes) -> bool:
+    """A token that carries a value: a letter or digit (or any non-ASCII byte)."""
+    return any(byte >= 0x80 or chr(byte).isalnum() for byte in piece)
 
 
 def top_level(pressure: dict[str, FieldPressure]) -> dict[str, FieldPressure]:
@@ -150,4 +161,5 @@ def top_level(pressure: dict[str, FieldPressure]) -> dict[str, FieldPressure]:
         target.max_removed = max(target.max_removed, entry.max_removed)
         target.total_removed += entry.total_removed
         target.preferred_refused += entry.preferred_refused
+        target.content_max_removed = max(target.content_max_removed, entry.content_max_removed)
     return rolled
