@@ -27,6 +27,7 @@ from formline.mask import (
     apply_token_bitmask_inplace,
     compile_grammar,
 )
+from formline.server.cli import register as register_serve
 from formline.vocab import Vocabulary
 
 DEMO_PATTERN = r'\{"name":"[A-Z][a-z]+( [A-Z][a-z]+)*","age":(0|[1-9][0-9]{0,2})\}'
@@ -181,6 +182,7 @@ def build_parser() -> argparse.ArgumentParser:
     lint.add_argument("--provider", choices=("openai", "anthropic"), help="portability as errors")
     lint.set_defaults(handler=run_lint)
     register_generation(commands)
+    register_serve(commands)
     return parser
 
 

@@ -1,0 +1,137 @@
+"""The FastAPI app of ``formline serve``: an OpenAI-compatible chat completions endpoint.
+
+Routes: ``GET /health``, ``GET /v1/models``, ``POST /v1/chat/completions``. Every error is
+OpenAI's error object: 4xx for bad input (:class:`ApiError`, and unknown routes), 500 only
+for a real fault, which is logged with its traceback. With ``api_key`` set, ``/v1/*`` needs
+``Authorization: Bearer <api_key>``.
+"""
+
+from __future__ import annotations
+
+import logging
+import socket
+import threading
+import time
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.concurrency import run_in_threadpool
+from fastapi.responses import JSONResponse, StreamingResponse
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from formline.server.engine import Engine
+from formline.server.errors import ApiError, error_body
+from formline.server.requests import parse_body, parse_chat_request
+from formline.server.responses import completion_body, stream_events
+
+log = logging.getLogger("formline.server")
+
+
+def create_app(engine: Engine, api_key: str | None = None) -> FastAPI:
+    """The app serving ``engine``. Costs nothing until requests arrive."""
+    app = FastAPI(title="formline", docs_url=None, redoc_url=None, openapi_url=None)
+    started = int(time.time())
+    _install_error_handlers(app)
+    if api_key:
+        _install_api_key(app, api_key)
+
+    @app.get("/health")
+    async def health() -> dict[str, Any]:
+        return {"status": "ok", "model": engine.model_id, "busy": engine.lock.locked()}
+
+    @app.get("/v1/models")
+    async def models() -> dict[str, Any]:
+        entry = {"id": engine.model_id, "object": "model", "created": started}
+        entry["owned_by"] = "formline"
+        return {"object": "list", "data": [entry]}
+
+    @app.post("/v1/chat/completions", response_model=None)
+    async def chat_completions(request: Request) -> JSONResponse | StreamingResponse:
+        body = parse_body(await request.body(), engine.limits)
+        chat = parse_chat_request(body, engine.limits)
+        if chat.model != engine.model_id:
+            raise ApiError(
+                f"the model {chat.model!r} does not exist; this server serves {engine.model_id!r}",
+                status=404,
+                param="model",
+                code="model_not_found",
+            )
+        completion = await run_in_threadpool(engine.complete, chat)
+        if chat.stream:
+            events = stream_events(completion, engine.model_id, chat.include_usage)
+            return StreamingResponse(events, media_type="text/event-stream")
+        return JSONResponse(completion_body(completion, engine.model_id))
+
+    return app
+
+
+def _install_error_handlers(app: FastAPI) -> None:
+    """Every error as OpenAI's error object; an unexpected exception is a logged 500."""
+
+    @app.exception_handler(ApiError)
+    async def api_error(_: Request, error: ApiError) -> JSONResponse:
+        return JSONResponse(error.body(), status_code=error.status)
+
+    @app.exception_handler(StarletteHTTPException)
+    async def http_error(_: Request, error: StarletteHTTPException) -> JSONResponse:
+        body = error_body(str(error.detail), "invalid_request_error", None, str(error.status_code))
+        return JSONResponse(body, status_code=error.status_code)
+
+    @app.exception_handler(Exception)
+    async def fault(request: Request, error: Exception) -> JSONResponse:
+        log.exception("server fault on %s %s", request.method, request.url.path)
+        message = f"internal server error: {type(error).__name__}: {error}"
+        return JSONResponse(error_body(message, "server_error"), status_code=500)
+
+
+def _install_api_key(app: FastAPI, api_key: str) -> None:
+    """``/v1/*`` answers 401 without ``Authorization: Bearer <api_key>``."""
+
+    @app.middleware("http")
+    async def authenticate(request: Request, call_next: Any) -> Any:
+        wanted = f"Bearer {api_key}"
+        if request.url.path.startswith("/v1/") and (
+            request.headers.get("authorization", "") != wanted
+        ):
+            error = ApiError("missing or wrong API key", status=401, code="invalid_api_key")
+            return JSONResponse(error.body(), status_code=401)
+        return await call_next(request)
+
+
+class BackgroundServer:
+    """A uvicorn server on a thread (tests, the load check): ``url`` once :meth:`start`
+    returns; :meth:`stop` shuts it down. Port 0 picks a free port."""
+
+    def __init__(self, app: FastAPI, host: str = "127.0.0.1", port: int = 0):
+        import uvicorn
+
+        self.socket = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        self.socket.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        self.socket.bind((host, port))
+        bound_host, bound_port = self.socket.getsockname()[:2]
+        self.url = f"http://{bound_host}:{bound_port}"
+        config = uvicorn.Config(app, log_level="warning", lifespan="off")
+        self.server = uvicorn.Server(config)
+        self.thread = threading.Thread(
+            target=self.server.run, kwargs={"sockets": [self.socket]}, daemon=True
+        )
+
+    def start(self, timeout: float = 30.0) -> BackgroundServer:
+        """Start serving; returns when it accepts connections.
+
+        Raises:
+            RuntimeError: it did not start within ``timeout`` seconds.
+        """
+        self.thread.start()
+        deadline = time.monotonic() + timeout
+        while not self.server.started:
+            if time.monotonic() > deadline or not self.thread.is_alive():
+                raise RuntimeError("the server did not start")
+            time.sleep(0.02)
+        return self
+
+    def stop(self) -> None:
+        """Ask the server to exit and wait for its thread (up to 10 s)."""
+        self.server.should_exit = True
+        self.thread.join(timeout=10)
+        self.socket.close()

@@ -1,0 +1,182 @@
+"""From a :class:`ChatRequest`'s constraint or tools to a compiled grammar and an after-check.
+
+Compiled grammars are shared across requests through formline's caches (the schema-to-grammar
+LRU and :func:`~formline.mask.compile_grammar`'s LRU plus disk cache); each request gets its
+own :class:`~formline.mask.GrammarMatcher` (see :mod:`.engine`).
+
+Tools: ``tool_choice`` named → the output is that function's arguments (its parameters
+schema); ``required`` → a ``{"name": const, "arguments": parameters}`` object, ``anyOf`` over
+the tools; ``auto`` → a grammar whose first byte decides: ``{`` starts such a tool-call object
+(fully constrained), any other byte starts free text. So under ``auto`` the model chooses
+with its first byte; an answer that begins with ``{`` is always a tool call.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+from dataclasses import dataclass
+from typing import Any
+
+from formline.grammar.ir import Choice as ChoiceNode
+from formline.grammar.ir import Grammar, GrammarError, RuleReference
+from formline.grammar.regex import parse_regex
+from formline.mask.compiled import CompiledGrammar
+from formline.mask.compiler import compile_grammar
+from formline.schema import CompiledSchema, SchemaError, compile_schema, schema_to_grammar
+from formline.server.closing import close_objects
+from formline.server.errors import ApiError
+from formline.server.requests import ChatRequest, Constraint, Tool
+from formline.vocab import Vocabulary
+
+AUTO_START = "formline_tool_or_text"
+FREE_TEXT_NOT_JSON = r"[^{][\s\S]*"
+# schema_to_grammar's LRU is a plain OrderedDict: compiles take this lock (generation does not).
+_compile_lock = threading.Lock()
+
+
+@dataclass
+class OutputPlan:
+    """How to constrain one request's output and how to read it back.
+
+    ``mode``: ``content`` (text or JSON in ``message.content``), ``tool_named`` (the output
+    is the named tool's arguments), ``tool_wrapped`` (a name/arguments object) or
+    ``tool_auto`` (a name/arguments object when it starts with ``{``, else text)."""
+
+    compiled: CompiledGrammar | None
+    checker: CompiledSchema | None
+    description: str
+    mode: str = "content"
+    is_json: bool = False
+    tool_name: str | None = None
+
+
+def plan_output(request: ChatRequest, vocabulary: Vocabulary) -> OutputPlan:
+    """The compiled constraint of ``request`` for ``vocabulary``.
+
+    Raises:
+        ApiError: 400 for a schema, regex or grammar that does not compile (the message
+            names the request field and, for a schema, the keyword and JSON pointer).
+    Costs one compile the first time a constraint is seen; a dictionary lookup afterwards.
+    """
+    if request.tool_choice != "none":
+        return _tool_plan(request, vocabulary)
+    constraint = request.constraint
+    try:
+        with _compile_lock:
+            return _constraint_plan(constraint, vocabulary)
+    except SchemaError as error:
+        raise _schema_error(error, constraint.param) from error
+    except GrammarError as error:
+        raise ApiError(
+            f"{constraint.param} does not compile: {error}",
+            param=constraint.param,
+            code="invalid_grammar",
+        ) from error
+
+
+def _constraint_plan(constraint: Constraint, vocabulary: Vocabulary) -> OutputPlan:
+    kind, value = constraint.kind, constraint.value
+    if kind == "text":
+        return OutputPlan(None, None, "")
+    if kind == "regex":
+        compiled = compile_grammar(Grammar.from_regex(value), vocabulary)
+        return OutputPlan(compiled, None, f"Answer with text matching the regex {value}")
+    if kind == "choice":
+        compiled = compile_grammar(Grammar.from_choices(value), vocabulary)
+        return OutputPlan(compiled, None, "Answer with exactly one of: " + ", ".join(value))
+    if kind == "grammar":
+        return OutputPlan(compile_grammar(Grammar.from_ebnf(value), vocabulary), None, "")
+    checker = _compile(value, vocabulary, constraint.strict)
+    if kind == "json_object":
+        return OutputPlan(
+            checker.compiled_grammar, checker, "Answer with a JSON object.", "content", True
+        )
+    description = "Answer with a JSON value matching this JSON Schema:\n" + _compact(value)
+    return OutputPlan(checker.compiled_grammar, checker, description, "content", True)
+
+
+def _compile(schema: Any, vocabulary: Vocabulary, strict: bool) -> CompiledSchema:
+    """``strict``: an unsupported keyword is an error; otherwise it is checked after. Open
+    objects are closed first, as vLLM's xgrammar does (see :mod:`.closing`)."""
+    on_unsupported = "error" if strict else "check_after"
+    return compile_schema(close_objects(schema), vocabulary, on_unsupported=on_unsupported)
+
+
+def _schema_error(error: SchemaError, param: str) -> ApiError:
+    pointer = error.pointer or "/"
+    keyword = f" (keyword '{error.keyword}')" if error.keyword else ""
+    return ApiError(
+        f"{param}: the schema cannot be compiled: {error.message}{keyword} at JSON pointer "
+        f"{pointer}",
+        param=param,
+        code="invalid_schema",
+    )
+
+
+def tool_call_schema(tools: list[Tool]) -> dict[str, Any]:
+    """The JSON Schema of one call of any of ``tools``: ``{"name", "arguments"}``."""
+    options: list[dict[str, Any]] = [
+        {
+            "type": "object",
+            "properties": {"name": {"const": tool.name}, "arguments": tool.parameters},
+            "required": ["name", "arguments"],
+            "additionalProperties": False,
+        }
+        for tool in tools
+    ]
+    return options[0] if len(options) == 1 else {"anyOf": options}
+
+
+def _tools_description(tools: list[Tool]) -> str:
+    lines = ["You can call these functions:"]
+    for tool in tools:
+        lines.append(f"- {tool.name}: {tool.description} Parameters: {_compact(tool.parameters)}")
+    lines.append('To call one, answer with JSON: {"name": <function>, "arguments": {...}}.')
+    return "\n".join(lines)
+
+
+def _tool_plan(request: ChatRequest, vocabulary: Vocabulary) -> OutputPlan:
+    tools, strict = request.tools, all(tool.strict for tool in request.tools)
+    if request.tool_choice == "named":
+        index, tool = next((i, t) for i, t in enumerate(tools) if t.name == request.named_tool)
+        param = f"tools[{index}].function.parameters"
+        try:
+            with _compile_lock:
+                checker = _compile(tool.parameters, vocabulary, tool.strict)
+        except SchemaError as error:
+            raise _schema_error(error, param) from error
+        description = (
+            f"Call the function {tool.name} ({tool.description}). Answer with its arguments "
+            f"as JSON matching: {_compact(tool.parameters)}"
+        )
+        return OutputPlan(
+            checker.compiled_grammar, checker, description, "tool_named", True, tool.name
+        )
+    schema = tool_call_schema(tools)
+    try:
+        with _compile_lock:
+            checker = _compile(schema, vocabulary, strict)
+            compiled = checker.compiled_grammar
+            if request.tool_choice == "auto":
+                compiled = compile_grammar(_tool_or_text(schema, strict), vocabulary)
+    except SchemaError as error:
+        raise _schema_error(error, "tools (the tool-call schema built from them)") from error
+    except GrammarError as error:
+        raise ApiError(f"tools do not compile: {error}", param="tools") from error
+    mode = "tool_auto" if request.tool_choice == "auto" else "tool_wrapped"
+    return OutputPlan(compiled, checker, _tools_description(tools), mode, True)
+
+
+def _tool_or_text(schema: dict[str, Any], strict: bool) -> Grammar:
+    """A tool-call object (starts with ``{``) or free text (starts with anything else)."""
+    on_unsupported = "error" if strict else "check_after"
+    grammar, _ = schema_to_grammar(close_objects(schema), on_unsupported=on_unsupported)
+    text = parse_regex(FREE_TEXT_NOT_JSON)
+    rules = dict(grammar.rules)
+    rules[AUTO_START] = ChoiceNode((RuleReference(grammar.start), text))
+    return Grammar(rules, AUTO_START, called_rules=grammar.called_rules)
+
+
+def _compact(value: Any) -> str:
+    return json.dumps(value, separators=(",", ":"), ensure_ascii=False)

@@ -1,0 +1,217 @@
+"""``formline serve`` through the official ``openai`` client against a real running server
+(uvicorn on a loopback port, the embedded SmolLM2): every constrained answer validates."""
+
+from __future__ import annotations
+
+import json
+import re
+import urllib.request
+from typing import Any
+
+import jsonschema
+import pytest
+from pydantic import BaseModel
+
+PERSON = {
+    "type": "object",
+    "properties": {"name": {"type": "string", "maxLength": 20}, "age": {"type": "integer"}},
+    "required": ["name", "age"],
+    "additionalProperties": False,
+}
+WEATHER_TOOL = {
+    "type": "function",
+    "function": {
+        "name": "get_weather",
+        "description": "The weather in a city.",
+        "parameters": {
+            "type": "object",
+            "properties": {
+                "city": {"type": "string", "maxLength": 30},
+                "unit": {"enum": ["celsius", "fahrenheit"]},
+            },
+            "required": ["city", "unit"],
+            "additionalProperties": False,
+        },
+    },
+}
+TIME_TOOL = {
+    "type": "function",
+    "function": {
+        "name": "get_time",
+        "description": "The local time in a timezone.",
+        "parameters": {
+            "type": "object",
+            "properties": {"timezone": {"type": "string", "maxLength": 30}},
+            "required": ["timezone"],
+            "additionalProperties": False,
+        },
+    },
+}
+
+
+class Person(BaseModel):
+    name: str
+    age: int
+
+
+def ask(text: str) -> list[dict[str, str]]:
+    return [{"role": "user", "content": text}]
+
+
+def test_health_and_models(server: Any, client: Any, model: str) -> None:
+    with urllib.request.urlopen(f"{server.url}/health") as reply:
+        health = json.load(reply)
+    assert health["status"] == "ok"
+    assert [entry.id for entry in client.models.list().data] == [model]
+
+
+def test_json_schema_response_format_validates(client: Any, model: str) -> None:
+    response = client.chat.completions.create(
+        model=model,
+        messages=ask("Invent a person."),
+        response_format={
+            "type": "json_schema",
+            "json_schema": {"name": "person", "schema": PERSON, "strict": True},
+        },
+        max_tokens=40,
+    )
+    choice = response.choices[0]
+    assert choice.finish_reason == "stop"
+    jsonschema.validate(json.loads(choice.message.content), PERSON)
+    assert response.usage.completion_tokens > 0
+    assert response.usage.total_tokens == response.usage.prompt_tokens + 0 + (
+        response.usage.completion_tokens
+    )
+
+
+def test_parse_with_a_pydantic_model(client: Any, model: str) -> None:
+    response = client.chat.completions.parse(
+        model=model, messages=ask("Invent a person."), response_format=Person, max_tokens=40
+    )
+    parsed = response.choices[0].message.parsed
+    assert isinstance(parsed, Person)
+
+
+def test_json_object(client: Any, model: str) -> None:
+    response = client.chat.completions.create(
+        model=model,
+        messages=ask("Describe a cat as JSON."),
+        response_format={"type": "json_object"},
+        max_tokens=60,
+        temperature=0,
+    )
+    choice = response.choices[0]
+    if choice.finish_reason == "stop":
+        assert isinstance(json.loads(choice.message.content), dict)
+    else:
+        assert choice.message.content.startswith("{")
+
+
+@pytest.mark.parametrize(
+    ("extra", "check"),
+    [
+        ({"guided_regex": r"[0-9]{3}-[0-9]{4}"}, lambda text: re.fullmatch(r"\d{3}-\d{4}", text)),
+        ({"guided_choice": ["yes", "no"]}, lambda text: text in ("yes", "no")),
+        ({"structured_outputs": {"choice": ["red", "blue"]}}, lambda text: text in ("red", "blue")),
+        ({"guided_json": PERSON}, lambda text: jsonschema.validate(json.loads(text), PERSON) or 1),
+        ({"guided_grammar": 'root ::= "a" [0-9]+ "z"'}, lambda text: re.fullmatch("a\\d+z", text)),
+    ],
+)
+def test_vllm_guided_fields(client: Any, model: str, extra: dict[str, Any], check: Any) -> None:
+    response = client.chat.completions.create(
+        model=model, messages=ask("Answer."), max_tokens=30, extra_body=extra
+    )
+    choice = response.choices[0]
+    assert choice.finish_reason == "stop", choice
+    assert check(choice.message.content), choice.message.content
+
+
+def test_named_tool_call_arguments_validate(client: Any, model: str) -> None:
+    response = client.chat.completions.create(
+        model=model,
+        messages=ask("What is the weather in Paris?"),
+        tools=[WEATHER_TOOL, TIME_TOOL],
+        tool_choice={"type": "function", "function": {"name": "get_weather"}},
+        max_tokens=40,
+    )
+    choice = response.choices[0]
+    assert choice.finish_reason == "tool_calls"
+    call = choice.message.tool_calls[0]
+    assert call.id.startswith("call_") and call.function.name == "get_weather"
+    schema = WEATHER_TOOL["function"]["parameters"]  # type: ignore[index]
+    jsonschema.validate(json.loads(call.function.arguments), schema)
+
+
+def test_required_tool_call_picks_one_of_the_tools(client: Any, model: str) -> None:
+    response = client.chat.completions.create(
+        model=model,
+        messages=ask("What time is it in Tokyo?"),
+        tools=[WEATHER_TOOL, TIME_TOOL],
+        tool_choice="required",
+        max_tokens=60,
+    )
+    choice = response.choices[0]
+    assert choice.finish_reason == "tool_calls"
+    call = choice.message.tool_calls[0]
+    tool = {"get_weather": WEATHER_TOOL, "get_time": TIME_TOOL}[call.function.name]
+    jsonschema.validate(json.loads(call.function.arguments), tool["function"]["parameters"])
+
+
+def test_auto_tool_choice_is_text_or_a_valid_call(client: Any, model: str) -> None:
+    response = client.chat.completions.create(
+        model=model,
+        messages=ask("What is the weather in Paris?"),
+        tools=[WEATHER_TOOL],
+        max_tokens=40,
+    )
+    choice = response.choices[0]
+    if choice.message.tool_calls:
+        assert choice.finish_reason == "tool_calls"
+        arguments = json.loads(choice.message.tool_calls[0].function.arguments)
+        jsonschema.validate(arguments, WEATHER_TOOL["function"]["parameters"])  # type: ignore[index]
+    else:
+        assert not choice.message.content.startswith("{")
+
+
+def test_streaming_concatenates_to_valid_json(client: Any, model: str) -> None:
+    stream = client.chat.completions.create(
+        model=model,
+        messages=ask("Invent a person."),
+        response_format={"type": "json_schema", "json_schema": {"name": "p", "schema": PERSON}},
+        max_tokens=40,
+        stream=True,
+        stream_options={"include_usage": True},
+    )
+    pieces, finishes, usage = [], [], None
+    for chunk in stream:
+        if chunk.usage is not None:
+            usage = chunk.usage
+        for choice in chunk.choices:
+            pieces.append(choice.delta.content or "")
+            finishes.append(choice.finish_reason)
+    jsonschema.validate(json.loads("".join(pieces)), PERSON)
+    assert finishes[-1] == "stop" and len(pieces) > 2
+    assert usage is not None and usage.completion_tokens > 0
+
+
+def test_n_seed_and_sampling(client: Any, model: str) -> None:
+    response = client.chat.completions.create(
+        model=model,
+        messages=ask("Pick a colour."),
+        n=2,
+        seed=7,
+        temperature=0.9,
+        top_p=0.95,
+        max_completion_tokens=10,
+        extra_body={"guided_choice": ["red", "green", "blue"]},
+    )
+    assert [choice.index for choice in response.choices] == [0, 1]
+    assert all(choice.message.content in ("red", "green", "blue") for choice in response.choices)
+
+
+def test_max_tokens_cut_off_says_length(client: Any, model: str) -> None:
+    response = client.chat.completions.create(
+        model=model, messages=ask("Tell a long story."), max_tokens=3
+    )
+    assert response.choices[0].finish_reason == "length"
+    assert response.usage.completion_tokens == 3
