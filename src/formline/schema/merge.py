@@ -124,7 +124,7 @@ def _merge_keyword(
     elif keyword == "enum":
         merged[keyword] = [item for item in current if _json_in(item, value)]
     elif keyword == "const":
-        merged["enum"] = [] if not _json_equal(current, value) else [current]
+        merged["enum"] = [] if not json_equal(current, value) else [current]
         merged.pop("const")
     elif keyword in ("properties", "patternProperties", "$defs", "definitions"):
         combined = dict(current)
@@ -219,20 +219,20 @@ def _are_integers(first: Any, second: Any) -> bool:
     return all(isinstance(value, int) and not isinstance(value, bool) for value in (first, second))
 
 
-def _json_equal(first: Any, second: Any) -> bool:
+def json_equal(first: Any, second: Any) -> bool:
     """JSON equality: 1 == 1.0, but True != 1 and key order does not matter."""
     if isinstance(first, bool) or isinstance(second, bool):
         return type(first) is type(second) and first == second
     if isinstance(first, dict) and isinstance(second, dict):
         return first.keys() == second.keys() and all(
-            _json_equal(first[key], second[key]) for key in first
+            json_equal(first[key], second[key]) for key in first
         )
     if isinstance(first, list) and isinstance(second, list):
         return len(first) == len(second) and all(
-            _json_equal(left, right) for left, right in zip(first, second, strict=True)
+            json_equal(left, right) for left, right in zip(first, second, strict=True)
         )
     return bool(first == second)
 
 
 def _json_in(item: Any, values: list[Any]) -> bool:
-    return any(_json_equal(item, value) for value in values)
+    return any(json_equal(item, value) for value in values)

@@ -17,6 +17,7 @@ from formline.schema.merge import (
     ALL_TYPES,
     TYPE_KEYWORDS,
     Schema,
+    json_equal,
     type_set,
 )
 from formline.schema.numbers import integer_bounds_from_schema, integer_node, number_node
@@ -96,7 +97,7 @@ def enum_value(compiler: SchemaCompiler, schema: Schema, types: set[str], pointe
     if not isinstance(schema.get("enum", []), list):
         raise SchemaError("enum must be an array", pointer, "enum")
     if "const" in schema and "enum" in schema:
-        values = [value for value in values if _json_same(value, schema["const"])]
+        values = [value for value in values if json_equal(value, schema["const"])]
     rest = {key: value for key, value in schema.items() if key not in ("enum", "const")}
     values = [value for value in values if _type_allowed(_json_type(value), types)]
     constraints = {key for key in rest if key in ALL_TYPE_KEYWORDS}
@@ -377,12 +378,6 @@ def _json_type(value: Any) -> str:
     if isinstance(value, str):
         return "string"
     return "array" if isinstance(value, list) else "object"
-
-
-def _json_same(first: Any, second: Any) -> bool:
-    from formline.schema.merge import _json_equal
-
-    return _json_equal(first, second)
 
 
 def _is_number(value: Any) -> bool:
