@@ -317,3 +317,12 @@ def test_a_flat_object_of_600_properties_compiles() -> None:
         }
     )
     assert accepts({"p0": 1, "p599": 2}) and not accepts({"p0": 1})
+
+
+def test_the_grammar_cache_keeps_property_order_apart() -> None:
+    first = {"type": "object", "properties": {"a": {"type": "integer"}, "b": {"type": "integer"}}}
+    second = {"type": "object", "properties": {"b": {"type": "integer"}, "a": {"type": "integer"}}}
+    for schema in (first, second):
+        schema.update(required=["a", "b"], additionalProperties=False)
+    assert language(first)({"a": 1, "b": 2}) and not language(first)(b'{"b":2,"a":1}')
+    assert language(second)(b'{"b":2,"a":1}') and not language(second)({"a": 1, "b": 2})

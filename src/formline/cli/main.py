@@ -28,6 +28,7 @@ from formline.mask import (
     compile_grammar,
 )
 from formline.server.cli import register as register_serve
+from formline.trace.cli import register as register_trace
 from formline.vocab import Vocabulary
 
 DEMO_PATTERN = r'\{"name":"[A-Z][a-z]+( [A-Z][a-z]+)*","age":(0|[1-9][0-9]{0,2})\}'
@@ -183,6 +184,7 @@ def build_parser() -> argparse.ArgumentParser:
     lint.set_defaults(handler=run_lint)
     register_generation(commands)
     register_serve(commands)
+    register_trace(commands)
     return parser
 
 

@@ -124,7 +124,8 @@ def schema_to_grammar(
     """
     schema = schema_of(source)
     options = SchemaOptions(whitespace, on_unsupported, max_string_length)
-    key = json.dumps([schema, repr(options)], sort_keys=True, default=str)
+    # Key order matters: property order is part of the grammar (no sort_keys).
+    key = json.dumps([schema, repr(options)], default=str)
     cached = _grammar_cache.get(key)
     if cached is not None:
         _grammar_cache.move_to_end(key)

@@ -1,0 +1,48 @@
+"""``formline trace``: record a real generation and write the six-step explainer page."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+from typing import Any
+
+
+def run_trace(arguments: argparse.Namespace) -> int:
+    from formline.schema import schema_of
+    from formline.trace.html import write_trace_html
+    from formline.trace.recorder import load_trace_backend, record_trace
+
+    schema = schema_of(Path(arguments.schema).read_text(encoding="utf-8"))
+    if not isinstance(schema, dict):
+        raise ValueError("formline trace needs an object JSON Schema, not a boolean schema")
+    backend = load_trace_backend(arguments.model, n_threads=arguments.threads)
+    trace = record_trace(
+        schema,
+        arguments.prompt,
+        backend,
+        free_samples=arguments.free_samples,
+        temperature=arguments.temperature,
+        max_tokens=arguments.max_tokens,
+        seed=arguments.seed,
+        field_orders=not arguments.no_field_orders,
+    )
+    path = write_trace_html(trace, arguments.out)
+    steps = trace["constrained"]["steps"]
+    print(f"{path}: {len(steps)} constrained steps, {arguments.free_samples} samples per mode")
+    return 0
+
+
+def register(commands: Any) -> None:
+    """Add the ``trace`` sub-command to ``commands`` (an argparse sub-parsers object)."""
+    trace = commands.add_parser("trace", help="record a generation, write the explainer page")
+    trace.add_argument("prompt", help="the request")
+    trace.add_argument("--schema", required=True, help="a JSON Schema file")
+    trace.add_argument("--free-samples", type=int, default=8, help="samples per mode (N)")
+    trace.add_argument("--temperature", type=float, default=0.8, help="sampling temperature T")
+    trace.add_argument("--max-tokens", type=int, default=96)
+    trace.add_argument("--seed", type=int, default=0)
+    trace.add_argument("--model", help="a GGUF file (default: the embedded SmolLM2)")
+    trace.add_argument("--threads", type=int, default=1, help="llama.cpp threads")
+    trace.add_argument("--no-field-orders", action="store_true", help="skip the order runs")
+    trace.add_argument("--out", default="trace.html", help="the HTML file to write")
+    trace.set_defaults(handler=run_trace)

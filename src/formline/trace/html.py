@@ -1,0 +1,34 @@
+"""The trace page: one self-contained HTML file (inline CSS and JS, the trace embedded).
+
+The template ``page.html`` (package data) holds the six-step explainer; the trace goes into
+its ``<script type="application/json" id="trace-data">`` tag. Nothing is loaded from the
+network.
+"""
+
+from __future__ import annotations
+
+import importlib.resources
+import json
+from pathlib import Path
+from typing import Any
+
+PLACEHOLDER = "__TRACE_JSON__"
+
+
+def render_trace_html(trace: dict[str, Any]) -> str:
+    """The page for ``trace`` (from :func:`formline.trace.record_trace`).
+
+    ``<`` is written as ``\\u003c`` in the embedded JSON, so model text such as
+    ``</script>`` cannot end the data tag.
+    """
+    template = importlib.resources.files("formline.trace").joinpath("page.html")
+    page = template.read_text(encoding="utf-8")
+    data = json.dumps(trace, ensure_ascii=False, allow_nan=False).replace("<", "\\u003c")
+    return page.replace(PLACEHOLDER, data, 1)
+
+
+def write_trace_html(trace: dict[str, Any], path: str | Path) -> Path:
+    """Write the page for ``trace`` to ``path`` and return the path."""
+    target = Path(path)
+    target.write_text(render_trace_html(trace), encoding="utf-8")
+    return target

@@ -1,0 +1,368 @@
+"""Record what the mask did on a real model, for the trace page (:mod:`formline.trace.html`).
+
+:func:`record_trace` runs the request several ways on one backend and returns a JSON-ready
+dict: free samples at a temperature (the problem; prompt-only), JSON-object-mode samples
+and schema-constrained samples (in practice), one constrained greedy generation recorded
+step by step (logit masking, the automaton state, token boundaries, mask vs forward time),
+the per-field pressure, and the same request with the schema's properties in reverse order.
+
+The step-by-step run is formline's own small loop on the llama.cpp backend's ``llm`` (no
+jump-forward, so every output token is one recorded step); it masks exactly as
+:meth:`LlamaCppBackend.generate` does (``fill_next_token_bitmask`` then
+:func:`apply_mask_measuring`), greedy, and stops on a stop token or ``max_tokens``.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from typing import Any
+
+import numpy as np
+
+from formline.backends.base import Backend, apply_mask_measuring
+from formline.mask.bitmask import allocate_token_bitmask
+from formline.mask.matcher import GrammarMatcher
+from formline.pipeline.generate import generate
+from formline.pipeline.pressure import DEFAULT_THRESHOLD, field_pressure
+
+TOP_K = 5
+FAILURE_REASONS = (
+    "text before the JSON",
+    "wrong type",
+    "missing field",
+    "stopped early",
+    "syntax error",
+    "other schema error",
+)
+DESCRIPTION = "Answer with a JSON value matching this JSON Schema:\n"
+
+
+def load_trace_backend(model: str | None = None, n_threads: int = 1) -> Backend:
+    """The llama.cpp backend on ``model`` (``None``: the embedded SmolLM2), one thread."""
+    from formline.backends.base import load_backend
+
+    return load_backend("llama_cpp", model, n_threads=n_threads)
+
+
+def record_trace(
+    schema: dict[str, Any],
+    prompt: str,
+    backend: Backend,
+    *,
+    free_samples: int = 8,
+    temperature: float = 0.8,
+    max_tokens: int = 96,
+    seed: int = 0,
+    field_orders: bool = True,
+) -> dict[str, Any]:
+    """Record one trace of ``prompt`` under ``schema`` on ``backend`` (llama.cpp).
+
+    Costs 3 x ``free_samples`` sampled generations, one recorded greedy generation (one
+    forward pass per token) and, with ``field_orders``, two more greedy generations.
+    """
+    from formline.schema import compile_schema
+
+    vocabulary = backend.vocabulary
+    compiled = compile_schema(schema, vocabulary)
+    described = f"{prompt}\n\n{DESCRIPTION}{json.dumps(schema, separators=(',', ':'))}"
+    samples = {
+        "prompt_only": _samples(
+            backend, described, None, compiled, free_samples, temperature, max_tokens, seed
+        ),
+        "json_mode": _samples(
+            backend,
+            described,
+            {"type": "object"},
+            compiled,
+            free_samples,
+            temperature,
+            max_tokens,
+            seed,
+        ),
+        "schema": _samples(
+            backend, described, schema, compiled, free_samples, temperature, max_tokens, seed
+        ),
+    }
+    steps_run = _record_steps(
+        backend, described, GrammarMatcher(compiled.compiled_grammar), max_tokens
+    )
+    trace: dict[str, Any] = {
+        "version": 1,
+        "model": getattr(backend, "model_path", None) and str(backend.model_path.name),  # type: ignore[attr-defined]
+        "prompt": prompt,
+        "schema": schema,
+        "vocabulary_size": vocabulary.size,
+        "temperature": temperature,
+        "free_samples": free_samples,
+        "max_tokens": max_tokens,
+        "samples": samples,
+        "failure_reasons": list(FAILURE_REASONS),
+        "constrained": steps_run,
+        "pressure_threshold": DEFAULT_THRESHOLD,
+        "field_orders": _field_orders(backend, prompt, schema, max_tokens)
+        if field_orders
+        else None,
+    }
+    return trace
+
+
+def _samples(
+    backend: Backend,
+    prompt: str,
+    output: Any,
+    compiled: Any,
+    count: int,
+    temperature: float,
+    max_tokens: int,
+    seed: int,
+) -> list[dict[str, Any]]:
+    """``count`` sampled generations, each classified against the real schema."""
+    rows = []
+    for index in range(count):
+        result = generate(
+            prompt,
+            output,
+            backend,
+            temperature=temperature,
+            seed=seed + index,
+            max_tokens=max_tokens,
+            describe_schema=False,
+        )
+        reason, json_ok = classify(result.text, result.finish_reason, compiled.check)
+        rows.append(
+            {
+                "text": result.text,
+                "finish": result.finish_reason,
+                "json_valid": json_ok,
+                "valid": reason is None,
+                "reason": reason,
+                "tokens": result.usage["completion_tokens"],
+            }
+        )
+    return rows
+
+
+def classify(text: str, finish: str, check: Any) -> tuple[str | None, bool]:
+    """The failure reason of one reply (``None``: valid) and whether it parsed as JSON."""
+    stripped = text.strip()
+    try:
+        instance = json.loads(stripped)
+    except json.JSONDecodeError:
+        if stripped and stripped[0] not in "{[" and ("{" in stripped or "[" in stripped):
+            return "text before the JSON", False
+        if finish == "length" or not stripped:
+            return "stopped early", False
+        return "syntax error", False
+    errors = check(instance)
+    if not errors:
+        return None, True
+    joined = " ".join(errors)
+    if "is not of type" in joined:
+        return "wrong type", True
+    if "required property" in joined:
+        return "missing field", True
+    return "other schema error", True
+
+
+def _show(piece: bytes) -> str:
+    return piece.decode("utf-8", errors="replace")
+
+
+def _softmax(logits: np.ndarray) -> np.ndarray:
+    finite = np.isfinite(logits)
+    peak = float(logits[finite].max())
+    values = np.where(finite, np.exp(np.where(finite, logits, peak) - peak), 0.0)
+    return values / values.sum()
+
+
+def _top(probabilities: np.ndarray, pieces: Any, eos: frozenset[int]) -> list[list[Any]]:
+    """The ``TOP_K`` most probable tokens with a probability above zero: [text, id, p]."""
+    ids = np.argpartition(-probabilities, TOP_K)[:TOP_K]
+    ids = ids[np.argsort(-probabilities[ids], kind="stable")]
+    return [
+        ["<eos>" if int(i) in eos else _show(pieces[int(i)]), int(i), float(probabilities[i])]
+        for i in ids
+        if probabilities[i] > 0
+    ]
+
+
+def _live_bytes(matcher: GrammarMatcher) -> list[int]:
+    """The bytes the grammar accepts next from the matcher's state (exact: each candidate
+    byte of the states' transition rows is tried on the pushdown automaton)."""
+    return _live_bytes_of(matcher, matcher.state_key()[0])
+
+
+def byte_ranges(values: list[int]) -> str:
+    """``[48..57, 45]`` as ``-  0-9``: printable bytes shown, ranges of 3+ joined."""
+    parts: list[str] = []
+    index = 0
+    while index < len(values):
+        end = index
+        while end + 1 < len(values) and values[end + 1] == values[end] + 1:
+            end += 1
+        first, last = values[index], values[end]
+        if end - index >= 2:
+            parts.append(f"{_byte_text(first)}-{_byte_text(last)}")
+        else:
+            parts.extend(_byte_text(value) for value in values[index : end + 1])
+        index = end + 1
+    return " ".join(parts)
+
+
+def _byte_text(value: int) -> str:
+    if value == 0x20:
+        return "␣"
+    if 0x20 < value < 0x7F:
+        return chr(value)
+    return {0x0A: "\\n", 0x09: "\\t", 0x0D: "\\r"}.get(value, f"\\x{value:02x}")
+
+
+def _crossing(matcher: GrammarMatcher, piece: bytes) -> list[dict[str, Any]]:
+    """How one token's bytes walk the automaton: per byte, the bytes allowed there."""
+    stacks = matcher.state_key()[0]
+    automaton = matcher.compiled.automaton
+    walk = []
+    for byte in piece:
+        allowed = _live_bytes_of(matcher, stacks)
+        walk.append({"byte": _byte_text(byte), "allowed": len(allowed)})
+        result = automaton.advance(stacks, bytes((byte,)))
+        if result is None:
+            break
+        stacks = result[0]
+    return walk
+
+
+def _live_bytes_of(matcher: GrammarMatcher, stacks: Any) -> list[int]:
+    live = matcher.compiled.state_masks.live_bytes
+    candidates = sorted({byte for stack in stacks for byte in live[stack[-1]]})
+    automaton = matcher.compiled.automaton
+    return [byte for byte in candidates if automaton.advance(stacks, bytes((byte,))) is not None]
+
+
+def _record_steps(
+    backend: Backend, prompt: str, matcher: GrammarMatcher, max_tokens: int
+) -> dict[str, Any]:
+    """One constrained greedy generation, every step recorded."""
+    import llama_cpp
+
+    llm = backend.llm  # type: ignore[attr-defined]
+    vocabulary = backend.vocabulary
+    pieces = vocabulary.token_bytes
+    eos = frozenset(vocabulary.eos_ids)
+    size = int(llm.n_vocab())
+    lengths = np.array([len(pieces[i]) if i < len(pieces) else 0 for i in range(size)])
+    prompt_ids = backend.tokenize_prompt(  # type: ignore[attr-defined]
+        backend.render_chat([{"role": "user", "content": prompt}])
+    )
+    bitmask = allocate_token_bitmask(1, size)
+    states: dict[Any, int] = {}
+    steps: list[dict[str, Any]] = []
+    output: list[int] = []
+    pressure: dict[int, tuple[float, bool, int]] = {}
+    llm.reset()
+    feed = prompt_ids
+    finish = "length"
+    started = time.perf_counter()
+    for _ in range(max_tokens):
+        begun = time.perf_counter()
+        llm.eval(feed)
+        pointer = llama_cpp.llama_get_logits_ith(llm.ctx, -1)
+        logits = np.ctypeslib.as_array(pointer, shape=(size,)).astype(np.float32)
+        forward_ms = (time.perf_counter() - begun) * 1000
+        before = _softmax(logits)
+        state = states.setdefault(matcher.state_key(), len(states))
+        live = _live_bytes(matcher)
+        begun = time.perf_counter()
+        matcher.fill_next_token_bitmask(bitmask)
+        removed, refused, preferred = apply_mask_measuring(logits, bitmask[0])
+        mask_ms = (time.perf_counter() - begun) * 1000
+        pressure[len(output)] = (removed, refused, preferred)
+        after = _softmax(logits)
+        allowed = np.unpackbits(bitmask[0].view(np.uint8), bitorder="little")[:size].astype(bool)
+        token = int(np.argmax(logits))
+        piece = pieces[token]
+        is_eos = token in eos
+        steps.append(
+            {
+                "index": len(steps),
+                "before": _top(before, pieces, eos),
+                "after": _top(after, pieces, eos),
+                "removed": removed,
+                "refused": refused,
+                "preferred": "<eos>" if preferred in eos else _show(pieces[preferred]),
+                "chosen": "<eos>" if is_eos else _show(piece),
+                "chosen_id": token,
+                "chosen_p": float(after[token]),
+                "allowed": int(allowed.sum()),
+                "allowed_multi": int((allowed & (lengths >= 2)).sum()),
+                "state": state,
+                "stacks": len(matcher.state_key()[0]),
+                "can_end": matcher.can_end(),
+                "live_bytes": byte_ranges(live),
+                "live_count": len(live),
+                "crossing": [] if is_eos else _crossing(matcher, piece),
+                "mask_ms": mask_ms,
+                "forward_ms": forward_ms,
+            }
+        )
+        if not matcher.accept_token(token):
+            raise RuntimeError(f"formline bug: the matcher refused allowed token {token}")
+        if is_eos or matcher.is_terminated():
+            finish = "stop"
+            break
+        output.append(token)
+        feed = [token]
+    text = b"".join(pieces[token] for token in output).decode("utf-8", errors="replace")
+    fields = field_pressure(output, pieces, pressure)
+    return {
+        "text": text,
+        "finish": finish,
+        "prompt_tokens": len(prompt_ids),
+        "states_seen": len(states),
+        "total_ms": (time.perf_counter() - started) * 1000,
+        "steps": steps,
+        "pressure": [_pressure_row(entry) for entry in fields.values()],
+    }
+
+
+def _pressure_row(entry: Any) -> dict[str, Any]:
+    return {
+        "path": entry.path or "(top level)",
+        "steps": entry.steps,
+        "max_removed": entry.max_removed,
+        "mean_removed": entry.mean_removed,
+        "refused": entry.preferred_refused,
+        "flagged": entry.is_flagged(),
+    }
+
+
+def _field_orders(
+    backend: Backend, prompt: str, schema: dict[str, Any], max_tokens: int
+) -> dict[str, Any] | None:
+    """The same request, greedy, with the properties as written and reversed; ``None`` when
+    the schema is not an object with two or more properties."""
+    properties = schema.get("properties") if isinstance(schema, dict) else None
+    if not isinstance(properties, dict) or len(properties) < 2:
+        return None
+    reversed_schema = dict(schema)
+    reversed_schema["properties"] = dict(reversed(list(properties.items())))
+    rows = []
+    for label, variant in (("as written", schema), ("reversed", reversed_schema)):
+        result = generate(prompt, variant, backend, temperature=0.0, max_tokens=max_tokens)
+        rows.append(
+            {
+                "label": label,
+                "order": list(variant["properties"]),
+                "text": result.text,
+                "finish": result.finish_reason,
+                "valid": result.finish_reason != "length" and not result.errors,
+                "flagged": result.flagged_fields(),
+                "max_removed": max(
+                    (entry.max_removed for entry in result.pressure.values()), default=0.0
+                ),
+                "mask_ms": result.timings["mask_seconds"] * 1000,
+                "forward_ms": result.timings["forward_seconds"] * 1000,
+            }
+        )
+    return {"rows": rows}

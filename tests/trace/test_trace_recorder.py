@@ -1,0 +1,55 @@
+"""The trace recorder's pure parts and the page writer (no model needed)."""
+
+from __future__ import annotations
+
+import json
+import re
+
+from formline.schema import compile_schema
+from formline.trace import classify, render_trace_html
+from formline.trace.recorder import FAILURE_REASONS, byte_ranges
+
+SCHEMA = {
+    "type": "object",
+    "properties": {"name": {"type": "string"}, "age": {"type": "integer"}},
+    "required": ["name", "age"],
+}
+
+
+def _check(smollm2_vocab):  # type: ignore[no-untyped-def]
+    return compile_schema(SCHEMA, smollm2_vocab).check
+
+
+def test_classify_names_every_failure_reason(smollm2_vocab) -> None:
+    check = _check(smollm2_vocab)
+    cases = {
+        '{"name": "Ada", "age": 36}': (None, True),
+        'Sure! {"name": "Ada", "age": 36}': ("text before the JSON", False),
+        '{"name": "Ada", "age": "36"}': ("wrong type", True),
+        '{"name": "Ada"}': ("missing field", True),
+        '{"name": "Ad': ("stopped early", False),
+        '{"name": "Ada", "age": 36,,}': ("syntax error", False),
+    }
+    for text, expected in cases.items():
+        finish = "length" if text.endswith("Ad") else "stop"
+        assert classify(text, finish, check) == expected, text
+    assert {reason for reason, _ in cases.values() if reason} <= set(FAILURE_REASONS)
+
+
+def test_byte_ranges_joins_runs_and_names_spaces() -> None:
+    assert byte_ranges([]) == ""
+    assert byte_ranges([0x22]) == '"'
+    assert byte_ranges([0x20, 0x2D, *range(0x30, 0x3A)]) == "␣ - 0-9"
+    assert byte_ranges([0x0A, 0x41, 0x42]) == "\\n A B"
+
+
+def test_page_embeds_the_trace_safely() -> None:
+    trace = {"prompt": "</script><script>alert(1)</script>", "constrained": {"steps": []}}
+    page = render_trace_html(trace)
+    assert "__TRACE_JSON__" not in page
+    assert "</script><script>alert" not in page
+    data = re.search(r'<script type="application/json" id="trace-data">(.*?)</script>', page, re.S)
+    assert data is not None
+    assert json.loads(data.group(1)) == trace
+    # Self-contained: nothing fetched from anywhere.
+    assert not re.search(r"""(src|href)=["']?(https?:)?//""", page)
