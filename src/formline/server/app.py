@@ -16,7 +16,7 @@ from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.concurrency import run_in_threadpool
-from fastapi.responses import JSONResponse, StreamingResponse
+from fastapi.responses import HTMLResponse, JSONResponse, StreamingResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from formline.server.engine import Engine
@@ -62,7 +62,54 @@ def create_app(engine: Engine, api_key: str | None = None) -> FastAPI:
             return StreamingResponse(events, media_type="text/event-stream")
         return JSONResponse(completion_body(completion, engine.model_id))
 
+    @app.post("/trace", response_model=None)
+    async def trace(request: Request) -> HTMLResponse:
+        """Seed 003's explainer for ``{"prompt", "schema"}`` (``free_samples``,
+        ``temperature``, ``max_tokens`` optional), recorded now on the served model."""
+        body = parse_body(await request.body(), engine.limits)
+        prompt, schema = body.get("prompt"), body.get("schema")
+        if not isinstance(prompt, str) or not isinstance(schema, dict):
+            raise ApiError("/trace needs 'prompt' (a string) and 'schema' (an object)")
+        options: dict[str, Any] = {
+            key: body[key] for key in ("free_samples", "temperature", "max_tokens") if key in body
+        }
+        page = await run_in_threadpool(_trace_page, engine, prompt, schema, options)
+        return HTMLResponse(page)
+
     return app
+
+
+def _trace_page(
+    engine: Engine, prompt: str, schema: dict[str, Any], options: dict[str, Any]
+) -> str:
+    """Record a trace under the engine's lock (one model, one caller at a time)."""
+    from formline.schema import SchemaError
+    from formline.trace.html import render_trace_html
+    from formline.trace.recorder import record_trace
+
+    if not hasattr(engine.backend, "llm"):
+        raise ApiError("/trace records on the llama.cpp backend only", param="model")
+    options.setdefault("free_samples", 2)
+    options.setdefault("max_tokens", 64)
+    options.setdefault("temperature", 0.8)
+    for key, low, high in (("free_samples", 0, 8), ("max_tokens", 1, 256), ("temperature", 0, 2)):
+        value = options[key]
+        if (
+            isinstance(value, bool)
+            or not isinstance(value, int | float)
+            or not low <= value <= high
+        ):
+            raise ApiError(f"{key} must be a number from {low} to {high}", param=key)
+    options["free_samples"], options["max_tokens"] = (
+        int(options["free_samples"]),
+        int(options["max_tokens"]),
+    )
+    with engine.lock:
+        try:
+            trace = record_trace(schema, prompt, engine.backend, field_orders=False, **options)
+        except SchemaError as error:
+            raise ApiError(f"invalid schema: {error}", param="schema") from error
+    return render_trace_html(trace)
 
 
 def _install_error_handlers(app: FastAPI) -> None:
