@@ -20,6 +20,7 @@ import numpy as np
 
 from formline.cli.generation import EXIT_BACKEND
 from formline.cli.generation import register as register_generation
+from formline.evaluation.cli import register as register_evaluation
 from formline.grammar import Grammar, GrammarError
 from formline.mask import (
     GrammarMatcher,
@@ -184,6 +185,7 @@ def build_parser() -> argparse.ArgumentParser:
     lint.set_defaults(handler=run_lint)
     register_generation(commands)
     register_serve(commands)
+    register_evaluation(commands)
     register_trace(commands)
     return parser
 

@@ -1,0 +1,141 @@
+"""``formline eval``: the free-vs-constrained experiment on any model and any task set.
+
+Runs every task of an extraction-dev-style file under each variant, then writes
+predictions.jsonl, results.json, results.csv, results.md and the plots under ``--out``.
+``--plot`` only redraws the plots from a saved results.json (no model).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import platform
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from formline.evaluation.variants import DEFAULT_VARIANTS, VARIANTS
+
+REPO_ROOT = Path(__file__).resolve().parents[3]
+TASKS_RELATIVE = Path("..") / "shared" / "extraction-dev" / "tasks.jsonl"
+DEFAULT_MAX_TOKENS = 200
+EMBEDDED_MODEL = "SmolLM2-135M-Instruct Q4_1 (embedded)"
+
+
+def default_tasks() -> Path:
+    """``../shared/extraction-dev/tasks.jsonl`` next to the repository (or the cwd)."""
+    for base in (REPO_ROOT, Path.cwd()):
+        candidate = (base / TASKS_RELATIVE).resolve()
+        if candidate.exists():
+            return candidate
+    return (REPO_ROOT / TASKS_RELATIVE).resolve()
+
+
+def register(commands: Any) -> None:
+    """Add the ``eval`` sub-command to an argparse sub-parsers object."""
+    command = commands.add_parser("eval", help="free vs constrained decoding on a task set")
+    command.add_argument("--tasks", help=f"a tasks JSONL file (default: {TASKS_RELATIVE})")
+    command.add_argument("--model", help="a GGUF file or HF model directory (default: SmolLM2)")
+    command.add_argument("--backend", default="llama_cpp", choices=("llama_cpp", "transformers"))
+    command.add_argument(
+        "--variants",
+        help=f"comma-separated, or 'all' (default: {','.join(DEFAULT_VARIANTS)}; "
+        f"known: {', '.join(VARIANTS)})",
+    )
+    command.add_argument("--out", default="eval-results", help="output folder")
+    command.add_argument("--limit", type=int, help="the first N tasks of each type")
+    command.add_argument("--max-tokens", type=int, default=DEFAULT_MAX_TOKENS)
+    command.add_argument("--threads", type=int, default=1, help="llama.cpp threads")
+    command.add_argument(
+        "--plot", action="store_true", help="only redraw the plots from OUT/results.json"
+    )
+    command.add_argument("--no-progress", action="store_true", help="no progress bar")
+    command.set_defaults(handler=run_eval)
+
+
+def run_eval(arguments: argparse.Namespace) -> int:
+    from formline.evaluation.plots import plot_all
+    from formline.evaluation.report import load_results
+
+    out = Path(arguments.out)
+    if arguments.plot:
+        paths = plot_all(load_results(out), out)
+        print("\n".join(str(path) for path in paths))
+        return 0
+    results = _run(arguments, out)
+    try:
+        plot_all(results, out)
+    except ValueError as error:  # matplotlib missing: the tables are still written
+        print(f"formline: warning: {error}", file=sys.stderr)
+    print((out / "results.md").read_text(encoding="utf-8"))
+    return 0
+
+
+def _backend(arguments: argparse.Namespace) -> Any:
+    from formline.pipeline.generate import backend_for
+
+    options = {"n_threads": arguments.threads} if arguments.backend == "llama_cpp" else {}
+    return backend_for(arguments.model, arguments.backend, **options)
+
+
+def _run(arguments: argparse.Namespace, out: Path) -> dict[str, Any]:
+    from formline.evaluation.report import write_all
+    from formline.evaluation.runner import (
+        compile_times,
+        load_tasks,
+        prediction,
+        run_all,
+        summarize_variant,
+    )
+    from formline.evaluation.variants import parse_variants
+
+    variants = parse_variants(arguments.variants)
+    tasks_file = Path(arguments.tasks) if arguments.tasks else default_tasks()
+    tasks = load_tasks(tasks_file, arguments.limit)
+    if not tasks:
+        raise ValueError(f"no tasks in {tasks_file}")
+    started = time.perf_counter()
+    backend = _backend(arguments)
+    compiles = compile_times(variants, tasks, backend)
+    progress = not arguments.no_progress
+    records = run_all(tasks, variants, backend, arguments.max_tokens, progress)
+    summaries = {
+        name: {**summarize_variant(tasks, found), **compiles[name]}
+        for name, found in records.items()
+    }
+    results = {"meta": _meta(arguments, tasks_file, len(tasks), started), "variants": summaries}
+    predictions = [prediction(record) for found in records.values() for record in found]
+    write_all(results, predictions, out)
+    return results
+
+
+def _meta(
+    arguments: argparse.Namespace, tasks_file: Path, count: int, started: float
+) -> dict[str, Any]:
+    return {
+        "command": _command(arguments),
+        "model": arguments.model or EMBEDDED_MODEL,
+        "backend": arguments.backend,
+        "threads": arguments.threads,
+        "tasks_file": str(tasks_file),
+        "tasks": count,
+        "max_tokens": arguments.max_tokens,
+        "seconds": time.perf_counter() - started,
+        "machine": f"{platform.machine()}, {os.cpu_count()} CPUs, Python "
+        f"{platform.python_version()}",
+    }
+
+
+def _command(arguments: argparse.Namespace) -> str:
+    """The command line that reproduces the run (flags that differ from the defaults)."""
+    parts = ["formline eval"]
+    for flag in ("tasks", "model", "variants", "out", "limit"):
+        value = getattr(arguments, flag)
+        if value is not None:
+            parts.append(f"--{flag} {value}")
+    if arguments.backend != "llama_cpp":
+        parts.append(f"--backend {arguments.backend}")
+    if arguments.max_tokens != DEFAULT_MAX_TOKENS:
+        parts.append(f"--max-tokens {arguments.max_tokens}")
+    return " ".join(parts)

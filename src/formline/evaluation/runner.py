@@ -1,0 +1,224 @@
+"""Run the variants of the free-vs-constrained experiment over a task set and score them.
+
+Tasks follow the extraction-dev format (``id``, ``type``, ``schema``, ``instruction``,
+``text``, ``gold``; schemas in ``schemas/`` next to the tasks file). Every task is decoded
+once per variant on the same backend; the output is parsed and scored with
+:mod:`formline.pipeline.scoring` (the task set's rules, implemented once), validated against
+the task's original schema, and timed. :func:`summarize_variant` turns one variant's records
+into the rows of the results table.
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+import time
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any
+
+from formline.evaluation.variants import Variant
+from formline.pipeline.scoring import parse_output, score_task, summarize
+
+PREDICTION_KEYS = ("id", "variant", "output", "value", "finish_reason", "tokens", "seconds")
+
+
+def load_tasks(path: str | Path, limit: int | None = None) -> list[dict[str, Any]]:
+    """The tasks of a JSON Lines file, each with its schema loaded as ``schema_json`` from
+    ``schemas/<schema>`` next to the file. ``limit`` keeps the first N tasks of each type.
+
+    Raises OSError for a missing file and ValueError for a line that is not JSON.
+    """
+    path = Path(path)
+    lines = path.read_text(encoding="utf-8").splitlines()
+    tasks = [json.loads(line) for line in lines if line.strip()]
+    if limit is not None:
+        seen: dict[str, int] = {}
+        kept = []
+        for task in tasks:
+            seen[task["type"]] = seen.get(task["type"], 0) + 1
+            if seen[task["type"]] <= limit:
+                kept.append(task)
+        tasks = kept
+    schemas: dict[str, Any] = {}
+    for task in tasks:
+        name = task["schema"]
+        if name not in schemas:
+            schemas[name] = json.loads((path.parent / "schemas" / name).read_text("utf-8"))
+        task["schema_json"] = schemas[name]
+    return tasks
+
+
+def is_valid(schema: dict[str, Any], value: Any) -> bool:
+    """Whether ``value`` validates against ``schema`` (Draft 2020-12, formats checked)."""
+    from jsonschema import Draft202012Validator
+
+    validator = Draft202012Validator(schema, format_checker=Draft202012Validator.FORMAT_CHECKER)
+    return bool(validator.is_valid(value))
+
+
+def run_task(
+    task: dict[str, Any], variant: Variant, backend: Any, max_tokens: int
+) -> dict[str, Any]:
+    """Decode one task under one variant: the prediction record plus the internal
+    measurements (parse flags, validity, field scores, timings, passes)."""
+    schema = task["schema_json"]
+    decoding = variant.decoding_schema(schema)
+    started = time.perf_counter()
+    if variant.mode == "repair":
+        record = _run_repair(task, variant, decoding, backend, max_tokens)
+    else:
+        record = _run_generate(task, variant, decoding, backend, max_tokens)
+    record["seconds"] = time.perf_counter() - started
+    parsed, strict, lenient = parse_output(record["output"])
+    value = variant.finish(parsed, schema) if lenient else None
+    record.update(id=task["id"], variant=variant.name, value=value)
+    record.update(strict=strict, lenient=lenient)
+    record["valid"] = lenient and is_valid(schema, value)
+    record["scores"] = score_task(task, value)
+    return record
+
+
+def _run_generate(
+    task: dict[str, Any], variant: Variant, schema: dict[str, Any], backend: Any, max_tokens: int
+) -> dict[str, Any]:
+    from formline.pipeline.generate import generate
+
+    result = generate(
+        variant.prompt(task, schema),
+        schema,
+        backend,
+        max_tokens=max_tokens,
+        free=variant.mode == "free",
+        describe_schema=variant.describe_schema,
+    )
+    return {
+        "output": result.text,
+        "finish_reason": result.finish_reason,
+        "tokens": result.usage["completion_tokens"],
+        "forward_passes": result.usage["forward_passes"],
+        "passes_saved": result.usage["forward_passes_saved"],
+        "forward_seconds": result.timings["forward_seconds"],
+        "mask_seconds": result.timings["mask_seconds"],
+        "compile_seconds": result.timings["compile_seconds"],
+    }
+
+
+def _run_repair(
+    task: dict[str, Any], variant: Variant, schema: dict[str, Any], backend: Any, max_tokens: int
+) -> dict[str, Any]:
+    from formline.pipeline.extract import extract
+
+    outcome = extract(
+        task["text"],
+        schema,
+        backend,
+        instruction=task["instruction"],
+        max_tokens=max_tokens,
+        describe_schema=variant.describe_schema,
+    )
+    last = outcome.attempts[-1]  # the accepted one, or the last rejected
+    return {
+        "output": last.text,
+        "finish_reason": last.finish_reason,
+        "tokens": sum(attempt.completion_tokens for attempt in outcome.attempts),
+        "attempts": len(outcome.attempts),
+    }
+
+
+def compile_times(variants: Iterable[Variant], tasks: list[dict[str, Any]], backend: Any) -> Any:
+    """Per variant: mean cold compile seconds of its schemas (memory cache cleared, disk
+    cache off; includes the vocabulary's token index) and mean cached compile seconds (a
+    second compile: a memory-cache hit). Free variants compile too (the after-check)."""
+    from formline.mask.compiler import clear_memory_cache
+    from formline.schema import compile_schema
+
+    schemas = {task["schema"]: task["schema_json"] for task in tasks}
+    times: dict[str, dict[str, float]] = {}
+    for variant in variants:
+        cold, cached = [], []
+        for schema in schemas.values():
+            decoding = variant.decoding_schema(schema)
+            clear_memory_cache()
+            started = time.perf_counter()
+            compile_schema(decoding, backend.vocabulary, disk_cache=False)
+            cold.append(time.perf_counter() - started)
+            started = time.perf_counter()
+            compile_schema(decoding, backend.vocabulary)
+            cached.append(time.perf_counter() - started)
+        times[variant.name] = {
+            "compile_cold_seconds": statistics.fmean(cold),
+            "compile_cached_seconds": statistics.fmean(cached),
+        }
+    return times
+
+
+def _ratio(numerator: float, denominator: float) -> float | None:
+    return numerator / denominator if denominator else None
+
+
+def _share(records: list[dict[str, Any]], key: str) -> float:
+    return sum(bool(record[key]) for record in records) / len(records)
+
+
+def summarize_variant(tasks: list[dict[str, Any]], records: list[dict[str, Any]]) -> Any:
+    """The table rows of one variant: parse and validity rates, the scoring summary
+    (:func:`formline.pipeline.scoring.summarize`), tokens, latency, mask share, passes saved.
+    Timing rows are ``None`` where the mode does not report them (repair)."""
+    by_id = {task["id"]: task for task in tasks}
+    summary: dict[str, Any] = summarize([(by_id[r["id"]], r["scores"]) for r in records])
+    tokens = sum(record["tokens"] for record in records)
+    forward = sum(record.get("forward_seconds", 0.0) for record in records)
+    mask = sum(record.get("mask_seconds", 0.0) for record in records)
+    seconds = sum(record["seconds"] for record in records)
+    fields = [ok for record in records for ok in record["scores"].values()]
+    summary.update(
+        strict_parse=_share(records, "strict"),
+        lenient_parse=_share(records, "lenient"),
+        valid=_share(records, "valid"),
+        fields_correct=_ratio(sum(fields), len(fields)),
+        finish_length=sum(record["finish_reason"] == "length" for record in records),
+        tokens_per_task=tokens / len(records),
+        seconds_per_task=seconds / len(records),
+        ms_per_token=_ratio(1000 * seconds, tokens),
+    )
+    if any("forward_seconds" in record for record in records):  # repair: n/a
+        summary["decode_ms_per_token"] = _ratio(1000 * (forward + mask), tokens)
+    if mask > 0:  # free and repair: n/a
+        saved = sum(record["passes_saved"] for record in records)
+        summary.update(
+            mask_ms_per_token=_ratio(1000 * mask, tokens),
+            mask_share=_ratio(mask, forward + mask),
+            passes_saved=saved,
+            passes_saved_share=_ratio(saved, tokens),
+        )
+    if any("attempts" in record for record in records):
+        summary["attempts_per_task"] = _ratio(sum(r["attempts"] for r in records), len(records))
+    return summary
+
+
+def prediction(record: dict[str, Any]) -> dict[str, Any]:
+    """The public part of a record: one line of predictions.jsonl."""
+    return {key: record.get(key) for key in PREDICTION_KEYS}
+
+
+def run_all(
+    tasks: list[dict[str, Any]],
+    variants: list[Variant],
+    backend: Any,
+    max_tokens: int,
+    progress: bool = True,
+) -> dict[str, list[dict[str, Any]]]:
+    """Every task under every variant, task by task (a tqdm bar over task x variant).
+    Returns variant name -> records in task order."""
+    from tqdm import tqdm
+
+    records: dict[str, list[dict[str, Any]]] = {variant.name: [] for variant in variants}
+    bar = tqdm(total=len(tasks) * len(variants), disable=not progress, unit="run")
+    for task in tasks:
+        for variant in variants:
+            bar.set_postfix_str(f"{task['id']} {variant.name}", refresh=False)
+            records[variant.name].append(run_task(task, variant, backend, max_tokens))
+            bar.update()
+    bar.close()
+    return records

@@ -1,0 +1,72 @@
+"""The runner on a scripted backend: parse flags, coercion, validity, scores, repair."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from formline.backends.base import Generation, Sampling
+from formline.evaluation.runner import load_tasks, run_task, summarize_variant
+from formline.evaluation.variants import VARIANTS
+from formline.mask.matcher import GrammarMatcher
+from formline.vocab import Vocabulary
+
+EXTRACTION = Path(__file__).resolve().parents[3] / "shared" / "extraction-dev"
+pytestmark = pytest.mark.skipif(not EXTRACTION.exists(), reason="extraction-dev not found")
+RIGHT = '{"name":"Chiamaka Eze","age":29,"city":"Lagos"}'
+
+
+class Scripted:
+    """A backend that writes scripted texts, in order."""
+
+    name = "scripted"
+
+    def __init__(self, vocabulary: Vocabulary, *texts: str):
+        self.vocabulary = vocabulary
+        self.texts = list(texts)
+        self.prompts: list[str] = []
+
+    def render_chat(self, messages: list[dict[str, str]]) -> str:
+        return "".join(f"<{m['role']}>{m['content']}" for m in messages)
+
+    def generate(self, prompt: str, matcher: GrammarMatcher | None, sampling: Sampling) -> Any:
+        self.prompts.append(prompt)
+        text = self.texts.pop(0)
+        return Generation([], text, "stop", 10, 12, forward_seconds=0.1, mask_seconds=0.002)
+
+
+@pytest.fixture
+def person() -> dict[str, Any]:
+    return load_tasks(EXTRACTION / "tasks.jsonl", limit=1)[0]
+
+
+def test_free_output_in_a_fence_parses_leniently(smollm2_vocab: Vocabulary, person: Any) -> None:
+    backend = Scripted(smollm2_vocab, f"```json\n{RIGHT}\n```")
+    record = run_task(person, VARIANTS["free"], backend, 50)
+    assert (record["strict"], record["lenient"], record["valid"]) == (False, True, True)
+    assert record["scores"] == {"name": True, "age": True, "city": True}
+    assert "JSON Schema" in backend.prompts[0]  # free describes the schema
+
+
+def test_string_typed_answer_is_coerced_then_scored(smollm2_vocab: Vocabulary, person: Any) -> None:
+    backend = Scripted(smollm2_vocab, RIGHT.replace("29", '"29"'))
+    record = run_task(person, VARIANTS["string-typed"], backend, 50)
+    assert record["value"]["age"] == 29 and record["valid"] and record["scores"]["age"]
+    constrained = run_task(person, VARIANTS["constrained"], Scripted(smollm2_vocab, RIGHT), 50)
+    assert "JSON Schema" not in backend.prompts[0]
+    summary = summarize_variant([person], [constrained])
+    assert summary["fields_correct"] == 1.0 and summary["mask_ms_per_token"] == pytest.approx(
+        2 / 12
+    )
+
+
+def test_repair_retries_an_invalid_answer(smollm2_vocab: Vocabulary, person: Any) -> None:
+    wrong = '{"name":"Chiamaka Eze","age":-1,"city":"Lagos","extra":1}'
+    backend = Scripted(smollm2_vocab, wrong, RIGHT)
+    record = run_task(person, VARIANTS["repair"], backend, 50)
+    assert record["attempts"] == 2 and record["tokens"] == 24
+    assert record["output"] == RIGHT and all(record["scores"].values())
+    summary = summarize_variant([person], [record])
+    assert summary["attempts_per_task"] == 2 and "mask_ms_per_token" not in summary
