@@ -20,12 +20,10 @@ from __future__ import annotations
 
 import argparse
 import importlib.metadata
-import itertools
 import json
 import os
 import sys
 import time
-import unicodedata
 from collections import Counter
 from pathlib import Path
 from typing import Any
@@ -35,7 +33,6 @@ from bench.core_bench import ROOT, machine_info
 MODES = ("formline-free", "formline-nojf", "formline-jf", "llamacpp-grammar")
 # generate() options per formline mode; formline-jf is generate()'s default (jump_forward=True)
 MODE_OPTIONS = {"formline-free": {"free": True}, "formline-nojf": {"jump_forward": False}}
-_MISSING = object()
 DATA = ROOT.parent / "shared" / "extraction-dev"  # /work/shared/extraction-dev
 
 
@@ -51,73 +48,11 @@ def load_tasks(data: Path, per_type: int | None) -> list[dict[str, Any]]:
     return tasks
 
 
-# Each scored field's comparison rule; router is special-cased (nested, user_id on fetch only).
-RULES = {
-    "person": {"name": "string", "age": "number", "city": "string"},
-    "contract": {"parties": "set", "start_date": "string", "notice_days": "number"},
-    "ticket": {"category": "enum", "urgent": "bool"},
-    "invoice": {"vendor": "string", "currency": "enum", "items": "items", "total": "money"},
-    "candidate": {"rate_skill_match": "range", "final_recommendation": "enum"},
-}
+def score(task: dict[str, Any], value: Any) -> dict[str, bool]:
+    """Each scored field of a task: the task set's rules, :mod:`formline.pipeline.scoring`."""
+    from formline.pipeline.scoring import score_task
 
-
-def _norm(text: str) -> str:
-    return unicodedata.normalize("NFC", text).strip().casefold()
-
-
-def same(rule: str, value: Any, gold: Any) -> bool:
-    """One field under one rule; ``value`` is ``_MISSING`` when the key is absent."""
-    number = isinstance(value, int | float) and not isinstance(value, bool)
-    if rule == "string":
-        return isinstance(value, str) and _norm(value) == _norm(gold)
-    if rule == "enum":
-        return isinstance(value, str) and value == gold
-    if rule == "bool":
-        return isinstance(value, bool) and value is gold
-    if rule == "number":  # a gold null (contract notice_days) wants JSON null
-        return value is None if gold is None else number and value == gold
-    if rule == "money":
-        return number and abs(value - gold) <= 0.01 + 1e-9
-    if rule == "range":
-        return isinstance(value, int) and number and gold["min"] <= value <= gold["max"]
-    if rule == "set":
-        return (
-            isinstance(value, list)
-            and all(isinstance(item, str) for item in value)
-            and {_norm(item) for item in value} == {_norm(item) for item in gold}
-        )
-    if rule == "items":  # one-to-one on (quantity, unit_price), order ignored
-        return (
-            isinstance(value, list)
-            and len(value) == len(gold)
-            and any(
-                all(
-                    isinstance(item, dict)
-                    and same("number", item.get("quantity", _MISSING), want["quantity"])
-                    and same("money", item.get("unit_price", _MISSING), want["unit_price"])
-                    for item, want in zip(order, gold, strict=True)
-                )
-                for order in itertools.permutations(value)
-            )
-        )
-    raise ValueError(f"unknown rule {rule!r}")
-
-
-def score(kind: str, value: Any, gold: dict[str, Any]) -> dict[str, bool]:
-    """Each scored field of a task: correct or not (not an object: all wrong)."""
-    got = value if isinstance(value, dict) else {}
-    if kind != "router":
-        return {
-            key: same(rule, got.get(key, _MISSING), gold[key]) for key, rule in RULES[kind].items()
-        }
-    action = got.get("action")
-    action = action if isinstance(action, dict) else {}
-    want = gold["action"]
-    fields = {"tool_name": same("enum", action.get("tool_name", _MISSING), want["tool_name"])}
-    if want["tool_name"] == "fetch_user_features":
-        user_id = action.get("user_id", _MISSING)
-        fields["user_id"] = fields["tool_name"] and same("string", user_id, want["user_id"])
-    return fields
+    return score_task(task, value)
 
 
 def check_output(task: dict[str, Any], text: str, finish: str) -> dict[str, Any]:
@@ -127,7 +62,7 @@ def check_output(task: dict[str, Any], text: str, finish: str) -> dict[str, Any]
     try:
         value = json.loads(text)
     except json.JSONDecodeError as error:
-        fields = score(task["type"], None, task["gold"])
+        fields = score(task, None)
         problem = f"not JSON ({finish}): {error}"
         return {"parses": False, "valid": False, "validation_error": problem, "fields": fields}
     checker = Draft202012Validator.FORMAT_CHECKER
@@ -138,7 +73,7 @@ def check_output(task: dict[str, Any], text: str, finish: str) -> dict[str, Any]
         "parses": True,
         "valid": error is None,
         "validation_error": None if error is None else error.message[:200],
-        "fields": score(task["type"], value, task["gold"]),
+        "fields": score(task, value),
     }
 
 
@@ -225,7 +160,7 @@ def run_task(engine: Any, task: dict[str, Any], max_tokens: int) -> dict[str, An
             record.update(check_output(task, record["text"], record["finish_reason"]))
             record["prompt_pass_tokens"], record["prompt_seconds"] = engine.llm.eval.calls[0]
         except Exception as error:  # a failed mode is a result, not a crash of the benchmark
-            fields = score(task["type"], None, task["gold"])
+            fields = score(task, None)
             record = {"error": f"{type(error).__name__}: {error}"[:500], "fields": fields}
         modes[mode] = record
     return {"id": task["id"], "type": task["type"], "difficulty": task["difficulty"], **modes}
