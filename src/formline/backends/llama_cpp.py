@@ -219,12 +219,13 @@ class LlamaCppBackend:
     ) -> str:
         """The step loop; appends to ``output`` and returns the finish reason."""
         bitmask = allocate_token_bitmask(1, self.n_vocab)
+        scratch = np.empty(self.n_vocab, dtype=np.float32)  # the pressure measure's buffer
         limit = self.llm.n_ctx()
         while len(output) < sampling.max_tokens and self.llm.n_tokens < limit:
             if matcher is not None:
                 begun = time.perf_counter()
                 matcher.fill_next_token_bitmask(bitmask)
-                counters.pressure[len(output)] = apply_mask_measuring(logits, bitmask[0])
+                counters.pressure[len(output)] = apply_mask_measuring(logits, bitmask[0], scratch)
                 counters.mask_seconds += time.perf_counter() - begun
             if matcher is not None and sampling.close_within_budget:
                 closing = closing_tokens(

@@ -197,6 +197,7 @@ class _Loop:
         # One (1, words) int32 bitmask per loop, applied by numpy to a view of the CPU logits
         # (0.07 ms for 49k logits; torch's apply takes 0.06 ms but runs on its thread pool).
         self.bitmask = allocate_token_bitmask(1, backend.logits_size)
+        self.scratch = np.empty(backend.logits_size, dtype=np.float32)  # pressure buffer
 
     def run(self, prompt_ids: list[int]) -> None:
         eos_ids = self.backend.vocabulary.eos_ids
@@ -249,7 +250,9 @@ class _Loop:
             started = time.perf_counter()
             matcher.fill_next_token_bitmask(self.bitmask)
             values = logits.numpy()  # shares memory with the tensor
-            self.pressure[len(self.output)] = apply_mask_measuring(values, self.bitmask[0])
+            self.pressure[len(self.output)] = apply_mask_measuring(
+                values, self.bitmask[0], self.scratch
+            )
             self.mask_seconds += time.perf_counter() - started
             if not np.isfinite(values).any():
                 raise RuntimeError("formline bug: the grammar mask allows no token")
