@@ -5,47 +5,18 @@ from __future__ import annotations
 
 import json
 import re
-import urllib.request
 from typing import Any
 
 import jsonschema
 import pytest
 from pydantic import BaseModel
+from server_tools import TIME_TOOL, WEATHER_TOOL, ask, health
 
 PERSON = {
     "type": "object",
     "properties": {"name": {"type": "string", "maxLength": 20}, "age": {"type": "integer"}},
     "required": ["name", "age"],
     "additionalProperties": False,
-}
-WEATHER_TOOL = {
-    "type": "function",
-    "function": {
-        "name": "get_weather",
-        "description": "The weather in a city.",
-        "parameters": {
-            "type": "object",
-            "properties": {
-                "city": {"type": "string", "maxLength": 30},
-                "unit": {"enum": ["celsius", "fahrenheit"]},
-            },
-            "required": ["city", "unit"],
-            "additionalProperties": False,
-        },
-    },
-}
-TIME_TOOL = {
-    "type": "function",
-    "function": {
-        "name": "get_time",
-        "description": "The local time in a timezone.",
-        "parameters": {
-            "type": "object",
-            "properties": {"timezone": {"type": "string", "maxLength": 30}},
-            "required": ["timezone"],
-            "additionalProperties": False,
-        },
-    },
 }
 
 
@@ -54,14 +25,8 @@ class Person(BaseModel):
     age: int
 
 
-def ask(text: str) -> list[dict[str, str]]:
-    return [{"role": "user", "content": text}]
-
-
 def test_health_and_models(server: Any, client: Any, model: str) -> None:
-    with urllib.request.urlopen(f"{server.url}/health") as reply:
-        health = json.load(reply)
-    assert health["status"] == "ok"
+    assert health(server.url)["status"] == "ok"
     assert [entry.id for entry in client.models.list().data] == [model]
 
 

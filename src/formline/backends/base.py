@@ -12,6 +12,7 @@ transformers or llama_cpp; each backend imports its engine lazily.
 from __future__ import annotations
 
 import importlib.resources
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -37,7 +38,12 @@ class Sampling:
     reproducible. ``close_within_budget``: when the shortest text that completes the grammar
     only just fits in the tokens left, write it (see :func:`closing_tokens`) instead of
     running into ``max_tokens``: a small model looping on array items still returns a
-    complete, valid value (its ``usage`` counts the closing tokens)."""
+    complete, valid value (its ``usage`` counts the closing tokens).
+
+    ``deadline`` (a ``time.monotonic()`` value): the loop stops at the first step past it,
+    with finish_reason ``"timeout"``. ``on_tokens``: called after each step with the output
+    tokens added since the last call (streaming); returning ``False`` stops the loop with
+    finish_reason ``"cancelled"`` (a client that went away)."""
 
     temperature: float = 0.0
     top_p: float = 1.0
@@ -45,6 +51,8 @@ class Sampling:
     max_tokens: int = 256
     jump_forward: bool = True
     close_within_budget: bool = True
+    deadline: float | None = None
+    on_tokens: Callable[[list[int]], bool | None] | None = None
 
 
 @dataclass
@@ -53,7 +61,9 @@ class Generation:
 
     token_ids: list[int]
     text: str
-    finish_reason: str  # "stop" (a stop token or the grammar's end) or "length"
+    # "stop" (a stop token or the grammar's end), "length" (max_tokens), "timeout" (past
+    # Sampling.deadline) or "cancelled" (Sampling.on_tokens said stop)
+    finish_reason: str
     prompt_tokens: int
     completion_tokens: int
     forward_passes: int = 0
@@ -83,6 +93,29 @@ class Backend(Protocol):
     ) -> Generation:
         """Decode from ``prompt``; constrained by ``matcher`` when given (free otherwise)."""
         ...
+
+
+class StepGate:
+    """What a decoding loop asks between steps: report the tokens added since the last
+    call to ``sampling.on_tokens`` and say why to stop (``"timeout"``, ``"cancelled"``) or
+    ``None`` to go on. Costs a clock read per step, plus the listener's own work."""
+
+    def __init__(self, sampling: Sampling):
+        self.sampling = sampling
+        self.reported = 0
+
+    def check(self, output: list[int]) -> str | None:
+        """Report ``output[reported:]``; the reason to stop now, if any."""
+        listener = self.sampling.on_tokens
+        if listener is not None and len(output) > self.reported:
+            fresh = output[self.reported :]
+            self.reported = len(output)
+            if listener(fresh) is False:
+                return "cancelled"
+        deadline = self.sampling.deadline
+        if deadline is not None and time.monotonic() > deadline:
+            return "timeout"
+        return None
 
 
 def apply_mask_measuring(

@@ -25,6 +25,7 @@ from formline.backends.base import (
     BackendError,
     Generation,
     Sampling,
+    StepGate,
     apply_mask_measuring,
     closing_tokens,
 )
@@ -192,6 +193,7 @@ class LlamaCppBackend:
                 f"the prompt has {len(prompt_ids)} tokens; n_ctx is {self.llm.n_ctx()}"
             )
         counters = _Counters()
+        gate = StepGate(sampling)
         rng = np.random.default_rng(sampling.seed)
         output: list[int] = []
         if sampling.jump_forward and matcher is not None:
@@ -205,7 +207,8 @@ class LlamaCppBackend:
         if matcher is not None and output and _only_stop_allowed(matcher):
             finish = "stop"  # the grammar forced all of its text
         else:
-            finish = self._decode(logits, matcher, sampling, rng, output, counters)
+            finish = self._decode(logits, matcher, sampling, rng, output, counters, gate)
+        gate.check(output)  # the last tokens reach a streaming listener too
         return self._generation(prompt_ids, output, finish, counters, started)
 
     def _decode(
@@ -216,12 +219,16 @@ class LlamaCppBackend:
         rng: np.random.Generator,
         output: list[int],
         counters: _Counters,
+        gate: StepGate,
     ) -> str:
         """The step loop; appends to ``output`` and returns the finish reason."""
         bitmask = allocate_token_bitmask(1, self.n_vocab)
         scratch = np.empty(self.n_vocab, dtype=np.float32)  # the pressure measure's buffer
         limit = self.llm.n_ctx()
         while len(output) < sampling.max_tokens and self.llm.n_tokens < limit:
+            stopped = gate.check(output)
+            if stopped:
+                return stopped
             if matcher is not None:
                 begun = time.perf_counter()
                 matcher.fill_next_token_bitmask(bitmask)

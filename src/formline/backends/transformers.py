@@ -26,6 +26,7 @@ from formline.backends.base import (
     BackendError,
     Generation,
     Sampling,
+    StepGate,
     apply_mask_measuring,
     closing_tokens,
 )
@@ -198,11 +199,20 @@ class _Loop:
         # (0.07 ms for 49k logits; torch's apply takes 0.06 ms but runs on its thread pool).
         self.bitmask = allocate_token_bitmask(1, backend.logits_size)
         self.scratch = np.empty(backend.logits_size, dtype=np.float32)  # pressure buffer
+        self.gate = StepGate(sampling)
 
     def run(self, prompt_ids: list[int]) -> None:
+        self._steps(prompt_ids)
+        self.gate.check(self.output)  # the last tokens reach a streaming listener too
+
+    def _steps(self, prompt_ids: list[int]) -> None:
         eos_ids = self.backend.vocabulary.eos_ids
         pending, cache = prompt_ids, None
         while len(self.output) < self.sampling.max_tokens:
+            stopped = self.gate.check(self.output)
+            if stopped:
+                self.finish_reason = stopped
+                return
             started = time.perf_counter()
             logits, cache = self.backend.forward(pending, cache)
             self.forward_seconds += time.perf_counter() - started

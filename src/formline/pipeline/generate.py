@@ -25,6 +25,8 @@ from formline.mask.compiler import compile_grammar
 from formline.mask.matcher import GrammarMatcher
 from formline.pipeline.pressure import DEFAULT_THRESHOLD, FieldPressure, field_pressure
 
+CUT_OFF = ("length", "timeout", "cancelled")  # finish reasons of an output that did not end
+
 _backends: dict[tuple[str, str], Backend] = {}
 _backends_lock = threading.Lock()
 
@@ -91,10 +93,11 @@ class Result:
         """The typed value: a Pydantic instance, a parsed JSON value, or the text.
 
         Raises:
-            TruncatedOutput: decoding stopped at ``max_tokens``.
+            TruncatedOutput: decoding stopped before the end (``max_tokens``, or a
+                ``Sampling.deadline`` / listener that stopped it).
             InvalidOutput: the after-check (or, in free mode, parsing) failed.
         """
-        if self.finish_reason == "length":
+        if self.finish_reason in CUT_OFF:
             raise TruncatedOutput(self.text)
         if self.errors:
             raise InvalidOutput(self.text, self.errors)
@@ -208,7 +211,7 @@ def _result(
     generation: Generation, plan: _Plan, compile_seconds: float, token_bytes: Any
 ) -> Result:
     errors: list[str] = []
-    if generation.finish_reason != "length" and plan.kind in ("json", "model"):
+    if generation.finish_reason not in CUT_OFF and plan.kind in ("json", "model"):
         try:
             instance = json.loads(generation.text)
         except json.JSONDecodeError as error:

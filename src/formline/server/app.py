@@ -22,7 +22,8 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from formline.server.engine import Engine
 from formline.server.errors import ApiError, error_body
 from formline.server.requests import parse_body, parse_chat_request
-from formline.server.responses import completion_body, stream_events
+from formline.server.responses import completion_body
+from formline.server.streaming import stream_request
 
 log = logging.getLogger("formline.server")
 
@@ -37,7 +38,8 @@ def create_app(engine: Engine, api_key: str | None = None) -> FastAPI:
 
     @app.get("/health")
     async def health() -> dict[str, Any]:
-        return {"status": "ok", "model": engine.model_id, "busy": engine.lock.locked()}
+        busy = engine.lock.locked()
+        return {"status": "ok", "model": engine.model_id, "busy": busy, "loops": engine.stats}
 
     @app.get("/v1/models")
     async def models() -> dict[str, Any]:
@@ -56,10 +58,10 @@ def create_app(engine: Engine, api_key: str | None = None) -> FastAPI:
                 param="model",
                 code="model_not_found",
             )
-        completion = await run_in_threadpool(engine.complete, chat)
         if chat.stream:
-            events = stream_events(completion, engine.model_id, chat.include_usage)
+            events = await stream_request(engine, chat)
             return StreamingResponse(events, media_type="text/event-stream")
+        completion = await run_in_threadpool(engine.complete, chat)
         return JSONResponse(completion_body(completion, engine.model_id))
 
     @app.post("/trace", response_model=None)
@@ -117,7 +119,10 @@ def _install_error_handlers(app: FastAPI) -> None:
 
     @app.exception_handler(ApiError)
     async def api_error(_: Request, error: ApiError) -> JSONResponse:
-        return JSONResponse(error.body(), status_code=error.status)
+        # The openai client retries 408, 409, 429 and 5xx twice by default; a request that
+        # ran past the time limit would run past it again.
+        headers = {"x-should-retry": "false"} if error.status == 504 else None
+        return JSONResponse(error.body(), status_code=error.status, headers=headers)
 
     @app.exception_handler(StarletteHTTPException)
     async def http_error(_: Request, error: StarletteHTTPException) -> JSONResponse:

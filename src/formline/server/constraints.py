@@ -5,10 +5,12 @@ LRU and :func:`~formline.mask.compile_grammar`'s LRU plus disk cache); each requ
 own :class:`~formline.mask.GrammarMatcher` (see :mod:`.engine`).
 
 Tools: ``tool_choice`` named → the output is that function's arguments (its parameters
-schema); ``required`` → a ``{"name": const, "arguments": parameters}`` object, ``anyOf`` over
-the tools; ``auto`` → a grammar whose first byte decides: ``{`` starts such a tool-call object
-(fully constrained), any other byte starts free text. So under ``auto`` the model chooses
-with its first byte; an answer that begins with ``{`` is always a tool call.
+schema); ``required`` → a JSON array of 1 to ``max_tool_calls`` call objects
+``{"name": const, "arguments": parameters}`` (``anyOf`` over the tools), as vLLM builds it,
+or, with ``parallel_tool_calls`` false, one such object; ``auto`` → a grammar whose
+first byte decides: ``{`` or ``[`` starts the tool call(s) (fully constrained), any other
+byte starts free text. So under ``auto`` the model chooses with its first byte; an answer
+that begins with ``{`` or ``[`` is always a tool call.
 """
 
 from __future__ import annotations
@@ -30,7 +32,7 @@ from formline.server.requests import ChatRequest, Constraint, Tool
 from formline.vocab import Vocabulary
 
 AUTO_START = "formline_tool_or_text"
-FREE_TEXT_NOT_JSON = r"[^{][\s\S]*"
+FREE_TEXT_NOT_JSON = r"[^{\[][\s\S]*"
 # schema_to_grammar's LRU is a plain OrderedDict: compiles take this lock (generation does not).
 _compile_lock = threading.Lock()
 
@@ -114,8 +116,9 @@ def _schema_error(error: SchemaError, param: str) -> ApiError:
     )
 
 
-def tool_call_schema(tools: list[Tool]) -> dict[str, Any]:
-    """The JSON Schema of one call of any of ``tools``: ``{"name", "arguments"}``."""
+def tool_call_schema(tools: list[Tool], max_calls: int = 1) -> dict[str, Any]:
+    """The JSON Schema of one call of any of ``tools`` (``{"name", "arguments"}``), or, when
+    ``max_calls > 1``, of an array of 1 to ``max_calls`` such calls."""
     options: list[dict[str, Any]] = [
         {
             "type": "object",
@@ -125,14 +128,21 @@ def tool_call_schema(tools: list[Tool]) -> dict[str, Any]:
         }
         for tool in tools
     ]
-    return options[0] if len(options) == 1 else {"anyOf": options}
+    call = options[0] if len(options) == 1 else {"anyOf": options}
+    if max_calls <= 1:
+        return call
+    return {"type": "array", "items": call, "minItems": 1, "maxItems": max_calls}
 
 
-def _tools_description(tools: list[Tool]) -> str:
+def _tools_description(tools: list[Tool], parallel: bool) -> str:
     lines = ["You can call these functions:"]
     for tool in tools:
         lines.append(f"- {tool.name}: {tool.description} Parameters: {_compact(tool.parameters)}")
-    lines.append('To call one, answer with JSON: {"name": <function>, "arguments": {...}}.')
+    call = '{"name": <function>, "arguments": {...}}'
+    if parallel:
+        lines.append(f"To call them, answer with a JSON array of one or more calls: [{call}, ...].")
+    else:
+        lines.append(f"To call one, answer with JSON: {call}.")
     return "\n".join(lines)
 
 
@@ -153,7 +163,8 @@ def _tool_plan(request: ChatRequest, vocabulary: Vocabulary) -> OutputPlan:
         return OutputPlan(
             checker.compiled_grammar, checker, description, "tool_named", True, tool.name
         )
-    schema = tool_call_schema(tools)
+    max_calls = request.max_tool_calls if request.parallel_tool_calls else 1
+    schema = tool_call_schema(tools, max_calls)
     try:
         with _compile_lock:
             checker = _compile(schema, vocabulary, strict)
@@ -165,11 +176,12 @@ def _tool_plan(request: ChatRequest, vocabulary: Vocabulary) -> OutputPlan:
     except GrammarError as error:
         raise ApiError(f"tools do not compile: {error}", param="tools") from error
     mode = "tool_auto" if request.tool_choice == "auto" else "tool_wrapped"
-    return OutputPlan(compiled, checker, _tools_description(tools), mode, True)
+    description = _tools_description(tools, max_calls > 1)
+    return OutputPlan(compiled, checker, description, mode, True)
 
 
 def _tool_or_text(schema: dict[str, Any], strict: bool) -> Grammar:
-    """A tool-call object (starts with ``{``) or free text (starts with anything else)."""
+    """Tool call(s) (start with ``{`` or ``[``) or free text (starts with anything else)."""
     on_unsupported = "error" if strict else "check_after"
     grammar, _ = schema_to_grammar(close_objects(schema), on_unsupported=on_unsupported)
     text = parse_regex(FREE_TEXT_NOT_JSON)

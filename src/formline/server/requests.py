@@ -20,16 +20,13 @@ HONOURED = frozenset(
         "model", "messages", "response_format", "structured_outputs", "guided_json",
         "guided_regex", "guided_choice", "guided_grammar", "max_tokens",
         "max_completion_tokens", "temperature", "top_p", "seed", "n", "stream",
-        "stream_options", "tools", "tool_choice",
+        "stream_options", "tools", "tool_choice", "parallel_tool_calls",
     }
 )  # fmt: skip
-# Harmless to ignore: bookkeeping, or a permission formline never needs (it writes at most
-# one tool call, which parallel_tool_calls true or false both allow). vLLM's
-# guided_decoding_backend (sent by existing clients, e.g. seed 001's) names the engine that
-# enforces the constraint: formline enforces it with its own, so the constraint still holds.
-IGNORED = frozenset(
-    {"user", "metadata", "store", "parallel_tool_calls", "service_tier", "guided_decoding_backend"}
-)
+# Harmless to ignore: bookkeeping. vLLM's guided_decoding_backend (sent by existing clients,
+# e.g. seed 001's) names the engine that enforces the constraint: formline enforces it with
+# its own, so the constraint still holds.
+IGNORED = frozenset({"user", "metadata", "store", "service_tier", "guided_decoding_backend"})
 # Accepted only at the value that changes nothing.
 NEUTRAL: dict[str, tuple[Any, ...]] = {
     "frequency_penalty": (0, 0.0),
@@ -54,7 +51,8 @@ class Limits:
     max_tokens_cap: int = 2048
     default_max_tokens: int = 256
     max_n: int = 8
-    request_seconds: float = 300.0
+    request_seconds: float = 300.0  # waiting for the model plus decoding, per request
+    max_tool_calls: int = 8  # tool calls in one answer (parallel_tool_calls)
 
 
 @dataclass(frozen=True)
@@ -96,6 +94,8 @@ class ChatRequest:
     tools: list[Tool] = field(default_factory=list)
     tool_choice: str = "none"  # none, auto, required, named
     named_tool: str | None = None
+    parallel_tool_calls: bool = True  # OpenAI's default: several calls in one answer
+    max_tool_calls: int = 8  # the server's limit (Limits.max_tool_calls)
 
 
 def parse_body(raw: bytes, limits: Limits) -> dict[str, Any]:
@@ -160,6 +160,8 @@ def parse_chat_request(body: dict[str, Any], limits: Limits) -> ChatRequest:
         tools=tools,
         tool_choice=tool_choice,
         named_tool=named,
+        parallel_tool_calls=_boolean(body, "parallel_tool_calls", True),
+        max_tool_calls=limits.max_tool_calls,
     )
 
 

@@ -1,24 +1,12 @@
-"""OpenAI's response bodies: a chat completion, and its server-sent-event chunks.
-
-Streaming here is *generate, then stream*: each choice is decoded in full under its
-constraint (the backends' ``generate`` has no per-token callback, and formline does not
-change their signatures), then its text is sent as ``chat.completion.chunk`` events of a
-few tokens' worth of characters each, a final chunk with ``finish_reason``, an optional
-usage chunk, and ``data: [DONE]``. Clients see the OpenAI stream format; the first byte
-arrives when the whole completion is ready, not after the first token.
-"""
+"""OpenAI's chat completion body (the non-streaming answer); streaming is :mod:`.streaming`."""
 
 from __future__ import annotations
 
-import json
 import time
 import uuid
-from collections.abc import Iterator
 from typing import Any
 
 from formline.server.engine import ChoiceOutput, Completion
-
-STREAM_PIECE_CHARS = 16
 
 
 def new_id() -> str:
@@ -36,8 +24,8 @@ def usage(completion: Completion) -> dict[str, int]:
 
 
 def _message(choice: ChoiceOutput) -> dict[str, Any]:
-    if choice.tool_call is not None:
-        return {"role": "assistant", "content": None, "tool_calls": [choice.tool_call]}
+    if choice.tool_calls is not None:
+        return {"role": "assistant", "content": None, "tool_calls": choice.tool_calls}
     return {"role": "assistant", "content": choice.text}
 
 
@@ -63,28 +51,3 @@ def completion_body(completion: Completion, model: str) -> dict[str, Any]:
         "choices": choices,
         "usage": usage(completion),
     }
-
-
-def stream_events(completion: Completion, model: str, include_usage: bool) -> Iterator[str]:
-    """The ``data: ...`` events of a finished completion, ending with ``data: [DONE]``."""
-    base = {"id": new_id(), "object": "chat.completion.chunk", "created": int(time.time())}
-    base["model"] = model
-
-    def event(index: int, delta: dict[str, Any], finish: str | None = None) -> str:
-        chunk = {**base, "choices": [{"index": index, "delta": delta, "finish_reason": finish}]}
-        if include_usage:
-            chunk["usage"] = None
-        return f"data: {json.dumps(chunk, ensure_ascii=False)}\n\n"
-
-    for index, choice in enumerate(completion.choices):
-        yield event(index, {"role": "assistant", "content": ""})
-        if choice.tool_call is not None:
-            yield event(index, {"tool_calls": [{"index": 0, **choice.tool_call}]})
-        else:
-            for start in range(0, len(choice.text), STREAM_PIECE_CHARS):
-                yield event(index, {"content": choice.text[start : start + STREAM_PIECE_CHARS]})
-        yield event(index, {}, choice.finish_reason)
-    if include_usage:
-        chunk = {**base, "choices": [], "usage": usage(completion)}
-        yield f"data: {json.dumps(chunk)}\n\n"
-    yield "data: [DONE]\n\n"
