@@ -128,6 +128,29 @@ def test_bitmask_apply_torch() -> None:
     assert allowed == sorted({TOKEN[b"a"], TOKEN[b"b"]})
 
 
+@pytest.mark.parametrize("seed", range(6))
+def test_bitmask_apply_torch_rows_equal_numpy(seed: int) -> None:
+    """The vectorised torch kernel (a vLLM batch) masks exactly what numpy masks, row by row:
+    selected rows only, logits wider than the bitmask, a 1-D bfloat16 row."""
+    torch = pytest.importorskip("torch", reason="torch is an optional dependency")
+    rng = np.random.default_rng(seed)
+    batch, vocab = 5, 100 + seed * 7
+    bitmask = rng.integers(-(2**31), 2**31, size=(batch, (vocab + 31) // 32), dtype=np.int64)
+    bitmask = bitmask.astype(np.int32)
+    indices = sorted(rng.choice(batch, size=int(rng.integers(1, batch + 1)), replace=False))
+    width = vocab + 9  # logits past the bitmask's coverage are disallowed
+    expected = rng.normal(size=(batch, width)).astype(np.float32)
+    actual = torch.from_numpy(expected.copy())
+    apply_token_bitmask_inplace(expected, bitmask, indices=[int(i) for i in indices])
+    apply_token_bitmask_inplace(actual, bitmask, indices=[int(i) for i in indices])
+    assert np.array_equal(actual.numpy(), expected)
+    one_row = torch.zeros(width, dtype=torch.bfloat16)  # vLLM's CPU logits may be bf16
+    apply_token_bitmask_inplace(one_row, bitmask[0])
+    reference = np.zeros(width, dtype=np.float32)
+    apply_token_bitmask_inplace(reference, bitmask[0])
+    assert np.array_equal(one_row.float().numpy(), reference)
+
+
 def test_compile_is_cached_in_memory_and_on_disk(tmp_path) -> None:
     grammar = Grammar.from_regex(r"[a-z]{3}[0-9]+")
     first = compile_grammar(grammar, VOCABULARY, disk_cache=tmp_path)
