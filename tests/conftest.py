@@ -7,6 +7,7 @@ in the message; nothing is skipped silently and nothing is downloaded here.
 
 from __future__ import annotations
 
+import importlib.util
 import pathlib
 import sys
 from typing import Any
@@ -20,6 +21,11 @@ except ImportError:  # running from a plain checkout: use the src layout directl
 
 from formline.vocab import Vocabulary
 from formline.vocab.fixtures import fixture_path
+
+# tests/with_vllm is a separate target: vLLM pins transformers<5.20, llguidance<1.8 and
+# xgrammar==0.2.8, so it runs in vLLM's own environment (python3 scripts/vllm_tests.py,
+# which CI runs too). Where vLLM is importable, as there, the directory is collected.
+collect_ignore = [] if importlib.util.find_spec("vllm") is not None else ["with_vllm"]
 
 
 def load_huggingface_tokenizer(name: str) -> Any:

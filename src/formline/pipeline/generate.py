@@ -188,10 +188,14 @@ def _plan(output: Any, engine: Backend) -> _Plan:
     schema = schema_of(output)
     compiled_schema = compile_schema(schema, vocabulary)
     kind = "model" if hasattr(output, "model_validate_json") else "json"
-    description = "Answer with a JSON value matching this JSON Schema:\n" + json.dumps(
-        schema, separators=(",", ":"), ensure_ascii=False
-    )
+    description = schema_description(schema)
     return _Plan(compiled_schema.compiled_grammar, kind, description, compiled_schema, output)
+
+
+def schema_description(schema: Any) -> str:
+    """The text :func:`generate` appends to the prompt for a JSON Schema (its compact JSON)."""
+    compact = json.dumps(schema, separators=(",", ":"), ensure_ascii=False)
+    return f"Answer with a JSON value matching this JSON Schema:\n{compact}"
 
 
 def _messages(

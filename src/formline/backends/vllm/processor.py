@@ -68,6 +68,8 @@ class _Row:
     accepted: int = 0  # how many of them the matcher has accepted
     closed: bool = False  # a refused token: only end-of-sequence is allowed now
     forced: list[int] = field(default_factory=list)  # the closing tokens still to write
+    stop_ids: frozenset[int] = frozenset()  # vLLM's stop tokens for this request
+    stop_words: np.ndarray | None = None  # the same, as a bitmask row (None: no stop token)
 
     def catch_up(self) -> None:
         """Accept the tokens gained since the last step (up to a ``-1`` placeholder)."""
@@ -75,6 +77,9 @@ class _Row:
             token = self.output[self.accepted]
             if token < 0:
                 return
+            if token in self.stop_ids:  # vLLM ends the request on it; nothing to check
+                self.accepted += 1
+                continue
             if not self.matcher.is_terminated() and not self.matcher.accept_token(token):
                 log.error(
                     "formline refused sampled token %d after %d tokens; the request is "
@@ -87,6 +92,15 @@ class _Row:
             self.accepted += 1
             if self.forced:
                 self.forced = self.forced[1:] if token == self.forced[0] else []
+
+    def end_with_stop_tokens(self, words: np.ndarray, eos_words: np.ndarray) -> None:
+        """Where the grammar may end, allow the request's own stop tokens in place of the
+        tokenizer's end tokens: SmolLM2's tokenizer ends on ``<|endoftext|>`` (0) and
+        ``<|im_end|>`` (2), vLLM stops on 2 only, and a 0 sampled there ran the request on
+        to ``max_tokens`` (3 of 72 extraction-dev answers, each complete but "length")."""
+        if self.stop_words is not None and self.matcher.can_end():
+            words &= ~eos_words
+            words |= self.stop_words
 
     def plan_closing(
         self, tokenize: Callable[[bytes], list[int]], token_bytes: Sequence[bytes]
@@ -187,7 +201,12 @@ class FormlineLogitsProcessor(LogitsProcessor):
         if constraint is None:
             return None
         compiled = compiled_for(constraint, self.vocabulary)
-        return _Row(GrammarMatcher(compiled), output, params.max_tokens)
+        row = _Row(GrammarMatcher(compiled), output, params.max_tokens)
+        row.stop_ids = frozenset(params.all_stop_token_ids or ())
+        if row.stop_ids:
+            words = ids_to_bitmask(np.array(sorted(row.stop_ids)), compiled.eos_mask.shape[0])
+            row.stop_words = words.view(np.int32)
+        return row
 
     def _tokenize(self, text: bytes) -> list[int]:
         ids: list[int] = self._tokenizer.encode(
@@ -207,13 +226,15 @@ class FormlineLogitsProcessor(LogitsProcessor):
         for index in indices:
             row = self.rows[index]
             row.catch_up()
+            eos_words = row.matcher.compiled.eos_mask.view(np.int32)
             if row.closed:
-                bitmask[index] = row.matcher.compiled.eos_mask.view(np.int32)
+                bitmask[index] = row.stop_words if row.stop_words is not None else eos_words
             elif row.forced or row.plan_closing(self._tokenize, token_bytes):
                 forced = ids_to_bitmask(np.array(row.forced[:1]), bitmask.shape[1])
                 bitmask[index] = forced.view(np.int32)
             else:
                 row.matcher.fill_next_token_bitmask(bitmask, index)
+                row.end_with_stop_tokens(bitmask[index], eos_words)
         apply_token_bitmask_inplace(logits, bitmask, indices=indices)
         self._count(len(indices), time.perf_counter() - started)
         return logits

@@ -1,0 +1,111 @@
+"""formline inside a real vLLM OpenAI server on the CPU, through the official ``openai``
+client: every extraction-dev output validates, concurrent requests with different schemas
+share batches without mixing states, and an unconstrained request is left as it was."""
+
+from __future__ import annotations
+
+import json
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+import jsonschema
+import openai
+import pytest
+
+from formline.backends.vllm import vllm_xargs
+from formline.evaluation.runner import is_valid, load_tasks
+from formline.pipeline.generate import schema_description
+
+SERVED = "smollm2"
+EXTRACTION = Path(__file__).resolve().parents[2].parent / "shared" / "extraction-dev"
+CONCURRENCY = 16  # requests in flight: vLLM batches them (its max_num_seqs is larger)
+
+
+def ask(client: Any, content: str, max_tokens: int, extra: dict[str, Any] | None) -> Any:
+    body = {"vllm_xargs": extra} if extra else None
+    response = client.chat.completions.create(
+        model=SERVED,
+        messages=[{"role": "user", "content": content}],
+        max_tokens=max_tokens,
+        temperature=0,
+        extra_body=body,
+    )
+    return response.choices[0]
+
+
+def in_parallel(function: Any, items: list[Any]) -> list[Any]:
+    with ThreadPoolExecutor(CONCURRENCY) as pool:
+        return list(pool.map(function, items))
+
+
+def test_every_extraction_dev_output_validates(client: Any) -> None:
+    tasks = load_tasks(EXTRACTION / "tasks.jsonl")
+    assert len(tasks) == 72
+
+    def run(task: dict[str, Any]) -> Any:
+        prompt = f"{task['instruction']}\n\n{task['text']}\n\n"
+        prompt += schema_description(task["schema_json"])
+        return ask(client, prompt, 400, vllm_xargs(json_schema=task["schema_json"]))
+
+    choices = in_parallel(run, tasks)
+    invalid = [
+        (task["id"], choice.finish_reason, choice.message.content[:120])
+        for task, choice in zip(tasks, choices, strict=True)
+        if choice.finish_reason != "stop"
+        or not is_valid(task["schema_json"], json.loads(choice.message.content))
+    ]
+    assert invalid == []
+
+
+def own_schema(number: int) -> dict[str, Any]:
+    """Schemas that tell their outputs apart: a request answered under another request's
+    matcher would carry the wrong ``id`` or a word outside its own list."""
+    words = [f"w{number}x{letter}" for letter in "abc"]
+    return {
+        "type": "object",
+        "properties": {"id": {"const": number}, "word": {"enum": words}},
+        "required": ["id", "word"],
+        "additionalProperties": False,
+    }
+
+
+def test_concurrent_requests_with_different_schemas_keep_their_own(client: Any) -> None:
+    numbers = list(range(24))
+
+    def run(number: int) -> Any:
+        extra = vllm_xargs(json_schema=own_schema(number))
+        return ask(client, f"Give the record for item {number}.", 40, extra)
+
+    choices = in_parallel(run, numbers)
+    for number, choice in zip(numbers, choices, strict=True):
+        jsonschema.validate(json.loads(choice.message.content), own_schema(number))
+
+
+def test_an_unconstrained_request_in_a_constrained_batch_is_unchanged(client: Any) -> None:
+    question = "Name three rivers of Europe."
+    alone = ask(client, question, 48, None).message.content
+
+    def run(index: int) -> Any:
+        if index == 0:
+            return ask(client, question, 48, None)
+        return ask(client, f"Count to {index}.", 48, vllm_xargs(regex="[0-9 ]{10,40}"))
+
+    mixed = in_parallel(run, list(range(12)))
+    assert mixed[0].message.content == alone
+    assert all(choice.message.content.strip() for choice in mixed)
+
+
+@pytest.mark.parametrize(
+    ("extra", "named"),
+    [
+        ({"formline_regex": "(("}, "formline_regex"),
+        ({"formline_json_schema": '{"type": "object", "minProperties": "2"}'}, "minProperties"),
+        ({"formline_choice": "[]"}, "formline_choice"),
+    ],
+)
+def test_a_bad_constraint_is_a_400_naming_it(
+    client: Any, extra: dict[str, Any], named: str
+) -> None:
+    with pytest.raises(openai.BadRequestError, match=named):
+        ask(client, "Hello.", 5, extra)
