@@ -19,8 +19,8 @@ vLLM's built-in processors never do after this one) is logged and its row is clo
 end-of-sequence stays allowed, so the request ends instead of the engine failing.
 
 Set ``FORMLINE_VLLM_STATS=path`` to have the processor write its running totals there
-(JSON: steps, constrained rows, seconds in ``apply``), at most once a second and at exit:
-the benchmark reads the mask's share of the step from it.
+(JSON: steps, constrained rows, seconds in ``apply``, and the sums of a per-row fit), at
+most once a second and at exit: the benchmark reads the mask's cost from it.
 """
 
 from __future__ import annotations
@@ -144,7 +144,8 @@ class FormlineLogitsProcessor(LogitsProcessor):
         self._vocabulary: Vocabulary | None = None
         self._tokenizer: Any = None
         self._bitmask: np.ndarray | None = None
-        self.stats = {"steps": 0, "rows": 0, "seconds": 0.0}
+        # Sums for a least-squares fit of seconds = fixed + per_row * rows (the benchmark's).
+        self.stats = {"steps": 0, "rows": 0, "seconds": 0.0, "rows_squared": 0, "rows_seconds": 0.0}
         self._stats_path = os.environ.get(STATS_ENV)
         self._stats_written = 0.0
         if self._stats_path:
@@ -243,6 +244,8 @@ class FormlineLogitsProcessor(LogitsProcessor):
         self.stats["steps"] += 1
         self.stats["rows"] += rows
         self.stats["seconds"] += seconds
+        self.stats["rows_squared"] += rows * rows
+        self.stats["rows_seconds"] += rows * seconds
         if self._stats_path and time.monotonic() - self._stats_written > STATS_INTERVAL_SECONDS:
             self._write_stats()
 
