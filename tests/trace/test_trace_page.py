@@ -131,6 +131,66 @@ def test_slider_shows_the_recorded_step(
     assert errors == []
 
 
+def test_the_automaton_drawing_follows_the_run(
+    browser: Any, page_path: Path, trace: dict[str, Any]
+) -> None:
+    steps = trace["constrained"]["steps"]
+    page, errors = _open(browser, page_path)
+    page.click('#steps button[data-step="3"]')
+    for index in sorted({0, len(steps) // 2, len(steps) - 1}):
+        page.fill("#token-slider", str(index))
+        step = steps[index]
+        path = page.locator("#automaton circle:not(.next)")
+        assert path.count() == min(5, index + 1)  # the last five states of the run
+        assert path.last.get_attribute("data-state") == str(step["state"])
+        assert "current" in (path.last.get_attribute("class") or "")
+        classes = step["live_bytes"].split() if step["live_bytes"] else []
+        fan = min(6, len(classes)) + (len(classes) > 6) + step["can_end"]
+        assert page.locator("#automaton circle.next").count() == fan
+    assert errors == []
+
+
+def test_token_boundaries_list_allowed_multi_byte_tokens(
+    browser: Any, page_path: Path, trace: dict[str, Any]
+) -> None:
+    steps = trace["constrained"]["steps"]
+    for step in steps:
+        assert len(step["examples"]) <= 8
+        for example in step["examples"]:
+            assert len(example["token"].encode()) >= 2 or len(example["walk"]) >= 2
+            assert all(cell["allowed"] >= 1 for cell in example["walk"])
+    index = max(range(len(steps)), key=lambda i: len(steps[i]["examples"]))
+    page, errors = _open(browser, page_path)
+    page.click('#steps button[data-step="4"]')
+    page.fill("#token-slider", str(index))
+    examples = steps[index]["examples"]
+    rows = page.locator("#examples tr")
+    assert rows.count() == len(examples) + 1  # a header row
+    if examples:
+        assert rows.nth(1).locator("td").first.text_content() == examples[0]["token"]
+    assert errors == []
+
+
+def test_evidence_first_and_answer_first_side_by_side(
+    browser: Any, page_path: Path, trace: dict[str, Any]
+) -> None:
+    orders = trace["field_orders"]
+    assert orders["added_field"] == "evidence"  # the schema has no free-text field
+    first, last = orders["rows"]
+    assert (first["label"], last["label"]) == ("evidence-first", "answer-first")
+    assert first["order"] == ["evidence", "name", "age"]
+    assert last["order"] == ["name", "age", "evidence"]
+    for row in orders["rows"]:
+        if row["valid"]:
+            assert list(json.loads(row["text"])) == row["order"]
+    page, errors = _open(browser, page_path)
+    page.click('#steps button[data-step="5"]')
+    shown = page.text_content("#orders") or ""
+    assert "evidence-first: evidence, name, age" in shown
+    assert "answer-first: name, age, evidence" in shown
+    assert errors == []
+
+
 def test_first_step_counts_match_the_samples(
     browser: Any, page_path: Path, trace: dict[str, Any]
 ) -> None:

@@ -4,7 +4,8 @@
 dict: free samples at a temperature (the problem; prompt-only), JSON-object-mode samples
 and schema-constrained samples (in practice), one constrained greedy generation recorded
 step by step (logit masking, the automaton state, token boundaries, mask vs forward time),
-the per-field pressure, and the same request with the schema's properties in reverse order.
+the per-field pressure, and the same request with its evidence (free-text) fields first and
+last (an ``evidence`` field is added where the schema has none).
 
 The step-by-step run is formline's own small loop on the llama.cpp backend's ``llm`` (no
 jump-forward, so every output token is one recorded step); it masks exactly as
@@ -27,6 +28,12 @@ from formline.pipeline.generate import generate
 from formline.pipeline.pressure import DEFAULT_THRESHOLD, field_pressure
 
 TOP_K = 5
+EXAMPLES = 8  # allowed tokens of 2+ bytes shown per step (the longest), with their byte walks
+EVIDENCE_FIELD = {
+    "type": "string",
+    "maxLength": 160,
+    "description": "The words of the text that support the answer, quoted.",
+}
 FAILURE_REASONS = (
     "text before the JSON",
     "wrong type",
@@ -233,6 +240,19 @@ def _crossing(matcher: GrammarMatcher, piece: bytes) -> list[dict[str, Any]]:
     return walk
 
 
+def _examples(
+    matcher: GrammarMatcher, allowed: np.ndarray, lengths: np.ndarray, pieces: Any
+) -> list[dict[str, Any]]:
+    """Up to EXAMPLES allowed tokens of two or more bytes, longest first (then by id), each
+    with its byte walk: the multi-character tokens that cross several grammar symbols."""
+    ids = np.flatnonzero(allowed[: lengths.shape[0]] & (lengths >= 2))
+    order = ids[np.lexsort((ids, -lengths[ids]))][:EXAMPLES]
+    return [
+        {"token": _show(pieces[int(i)]), "id": int(i), "walk": _crossing(matcher, pieces[int(i)])}
+        for i in order
+    ]
+
+
 def _live_bytes_of(matcher: GrammarMatcher, stacks: Any) -> list[int]:
     live = matcher.compiled.state_masks.live_bytes
     candidates = sorted({byte for stack in stacks for byte in live[stack[-1]]})
@@ -302,6 +322,7 @@ def _record_steps(
                 "live_bytes": byte_ranges(live),
                 "live_count": len(live),
                 "crossing": [] if is_eos else _crossing(matcher, piece),
+                "examples": _examples(matcher, allowed, lengths, pieces),
                 "mask_ms": mask_ms,
                 "forward_ms": forward_ms,
             }
@@ -340,15 +361,23 @@ def _pressure_row(entry: Any) -> dict[str, Any]:
 def _field_orders(
     backend: Backend, prompt: str, schema: dict[str, Any], max_tokens: int
 ) -> dict[str, Any] | None:
-    """The same request, greedy, with the properties as written and reversed; ``None`` when
-    the schema is not an object with two or more properties."""
+    """The same request, greedy, evidence-first and answer-first: the schema's free-text
+    fields (:func:`~formline.evaluation.variants.is_evidence_field`) before, then after, the
+    answers; an ``evidence`` field is added to an object schema that has none. ``None`` when
+    the schema is not an object with properties."""
+    from formline.evaluation.variants import is_evidence_field, reorder_properties
+
     properties = schema.get("properties") if isinstance(schema, dict) else None
-    if not isinstance(properties, dict) or len(properties) < 2:
+    if not isinstance(properties, dict) or not properties:
         return None
-    reversed_schema = dict(schema)
-    reversed_schema["properties"] = dict(reversed(list(properties.items())))
+    added = None
+    if not any(is_evidence_field(name, sub) for name, sub in properties.items()):
+        added = "evidence"
+        schema = {**schema, "properties": {**properties, added: EVIDENCE_FIELD}}
+        schema["required"] = [*schema.get("required", []), added]
     rows = []
-    for label, variant in (("as written", schema), ("reversed", reversed_schema)):
+    for label, evidence_first in (("evidence-first", True), ("answer-first", False)):
+        variant = reorder_properties(schema, evidence_first=evidence_first)
         result = generate(prompt, variant, backend, temperature=0.0, max_tokens=max_tokens)
         rows.append(
             {
@@ -356,7 +385,7 @@ def _field_orders(
                 "order": list(variant["properties"]),
                 "text": result.text,
                 "finish": result.finish_reason,
-                "valid": result.finish_reason != "length" and not result.errors,
+                "valid": result.finish_reason == "stop" and not result.errors,
                 "flagged": result.flagged_fields(),
                 "max_removed": max(
                     (entry.max_removed for entry in result.pressure.values()), default=0.0
@@ -365,4 +394,4 @@ def _field_orders(
                 "forward_ms": result.timings["forward_seconds"] * 1000,
             }
         )
-    return {"rows": rows}
+    return {"rows": rows, "added_field": added}
