@@ -28,7 +28,8 @@ from formline.pipeline.generate import generate
 from formline.pipeline.pressure import DEFAULT_THRESHOLD, field_pressure
 
 TOP_K = 5
-EXAMPLES = 8  # allowed tokens of 2+ bytes shown per step (the longest), with their byte walks
+EXAMPLES = 8  # allowed tokens of 2+ bytes shown per step, with their byte walks
+STRUCTURAL = frozenset(b'"{}[],:')  # JSON's punctuation: a token holding it crosses symbols
 EVIDENCE_FIELD = {
     "type": "string",
     "maxLength": 160,
@@ -241,12 +242,21 @@ def _crossing(matcher: GrammarMatcher, piece: bytes) -> list[dict[str, Any]]:
 
 
 def _examples(
-    matcher: GrammarMatcher, allowed: np.ndarray, lengths: np.ndarray, pieces: Any
+    matcher: GrammarMatcher,
+    allowed: np.ndarray,
+    lengths: np.ndarray,
+    punctuation: np.ndarray,
+    pieces: Any,
 ) -> list[dict[str, Any]]:
-    """Up to EXAMPLES allowed tokens of two or more bytes, longest first (then by id), each
-    with its byte walk: the multi-character tokens that cross several grammar symbols."""
+    """Up to EXAMPLES ``allowed`` tokens of two or more bytes, each with its byte walk: those
+    holding the most JSON punctuation first (seed 003's ``": "`` crosses a quote, a colon
+    and a space), then by length and id; inside a string, where no punctuation is allowed,
+    the longest. Costs vectorised passes over the vocabulary plus 8 walks (a few ms)."""
     ids = np.flatnonzero(allowed[: lengths.shape[0]] & (lengths >= 2))
-    order = ids[np.lexsort((ids, -lengths[ids]))][:EXAMPLES]
+    order = ids[np.lexsort((ids, -lengths[ids], -punctuation[ids]))]
+    if order.size and punctuation[order[0]] > 0:  # shortest first among the richest
+        order = ids[np.lexsort((ids, lengths[ids], -punctuation[ids]))]
+    order = order[:EXAMPLES]
     return [
         {"token": _show(pieces[int(i)]), "id": int(i), "walk": _crossing(matcher, pieces[int(i)])}
         for i in order
@@ -271,7 +281,12 @@ def _record_steps(
     pieces = vocabulary.token_bytes
     eos = frozenset(vocabulary.eos_ids)
     size = int(llm.n_vocab())
+    is_text = np.ones(size, dtype=bool)  # not a stop or special token (examples skip those)
+    is_text[[i for i in eos | frozenset(vocabulary.special_ids) if i < size]] = False
     lengths = np.array([len(pieces[i]) if i < len(pieces) else 0 for i in range(size)])
+    punctuation = np.array(  # once per run: JSON punctuation bytes in each token
+        [sum(b in STRUCTURAL for b in pieces[i]) if i < len(pieces) else 0 for i in range(size)]
+    )
     prompt_ids = backend.tokenize_prompt(  # type: ignore[attr-defined]
         backend.render_chat([{"role": "user", "content": prompt}])
     )
@@ -322,7 +337,7 @@ def _record_steps(
                 "live_bytes": byte_ranges(live),
                 "live_count": len(live),
                 "crossing": [] if is_eos else _crossing(matcher, piece),
-                "examples": _examples(matcher, allowed, lengths, pieces),
+                "examples": _examples(matcher, allowed & is_text, lengths, punctuation, pieces),
                 "mask_ms": mask_ms,
                 "forward_ms": forward_ms,
             }
