@@ -21,7 +21,8 @@ STARTUP_SECONDS = 600
 # vLLM reserves 0.92 of the NUMA node's memory for its CPU KV cache by default: more than a
 # 2-core, 24 GiB machine's node has free (it refused: 7.87 of 9.34 GiB free). 1 GiB of KV
 # cache is ample for a 135M model and 2,048-token requests.
-CPU_ENVIRONMENT = {"VLLM_CPU_KVCACHE_SPACE": "1"}
+# HF_HUB_OFFLINE: the model is a local directory; nothing is fetched from a hub.
+CPU_ENVIRONMENT = {"VLLM_CPU_KVCACHE_SPACE": "1", "HF_HUB_OFFLINE": "1"}
 # --gpu-memory-utilization is, on the CPU backend, the share of host memory vLLM may take.
 CPU_OPTIONS: tuple[str, ...] = (
     "--dtype", "bfloat16", "--max-model-len", "2048", "--enforce-eager",
