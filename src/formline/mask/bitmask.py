@@ -138,8 +138,8 @@ def _apply_torch_cpu(
     torch: Any, logits_2d: Any, bitmask: np.ndarray, rows: list[int], width: int
 ) -> None:
     """CPU logits: numpy unpacks the bits (35 µs for 16 rows of 49k), torch fills in place,
-    row runs as one slice. 16 rows took 0.3 ms here, against 2.4 ms for the device path's
-    int32 shifts, gather and scatter (the vLLM processor's 152 µs per row, nearly all it)."""
+    a run of rows as one slice. 16 rows of realistic masks took 0.29 ms here, against
+    3.06 ms for the device path's int32 shifts, gather and scatter."""
     mask_2d = bitmask.reshape(1, -1) if bitmask.ndim == 1 else bitmask
     picked = mask_2d[rows] if mask_2d.shape[0] > 1 else np.repeat(mask_2d, len(rows), axis=0)
     unpacked = np.unpackbits(
