@@ -190,3 +190,25 @@ def test_logits_processor_in_create_completion(backend: LlamaCppBackend) -> None
         Sampling(jump_forward=False),
     )
     assert ours.text == text
+
+
+def test_listener_sees_every_token_and_can_stop_the_loop(backend: LlamaCppBackend) -> None:
+    seen: list[int] = []
+    prompt = backend.render_chat([{"role": "user", "content": "Count from one to twenty."}])
+    words = GrammarMatcher(compile_grammar(Grammar.from_regex("[a-z ]{40}"), backend.vocabulary))
+    whole = backend.generate(prompt, words, Sampling(max_tokens=30, on_tokens=seen.extend))
+    assert seen == whole.token_ids and whole.finish_reason == "stop"
+    calls: list[list[int]] = []
+    stopped = backend.generate(
+        prompt, None, Sampling(max_tokens=30, on_tokens=lambda t: calls.append(t) or False)
+    )
+    assert stopped.finish_reason == "cancelled" and len(calls) == 1
+    assert stopped.token_ids == calls[0]
+
+
+def test_a_passed_deadline_stops_before_decoding(backend: LlamaCppBackend) -> None:
+    import time
+
+    prompt = backend.render_chat([{"role": "user", "content": "Count from one to twenty."}])
+    result = backend.generate(prompt, None, Sampling(max_tokens=30, deadline=time.monotonic()))
+    assert result.finish_reason == "timeout" and result.token_ids == []

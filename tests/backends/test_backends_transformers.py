@@ -229,3 +229,22 @@ def test_jump_forward_respects_the_rollback_limit(backend: Any) -> None:
     assert result.extra["jump_forward_tokens"] > 0  # jumps of at most 2 tokens still happen
     replay = schema.matcher()
     assert all(replay.accept_token(token) for token in result.token_ids)
+
+
+def test_listener_sees_every_token_and_can_stop_the_loop(backend: Any) -> None:
+    seen: list[int] = []
+    prompt = chat(backend, "Count from one to twenty in words.")
+    whole = backend.generate(prompt, None, Sampling(max_tokens=8, on_tokens=seen.extend))
+    assert seen == whole.token_ids
+    stopped = backend.generate(
+        prompt, None, Sampling(max_tokens=30, on_tokens=lambda tokens: len(tokens) < 1)
+    )
+    assert stopped.finish_reason == "cancelled" and len(stopped.token_ids) <= 2
+
+
+def test_a_passed_deadline_stops_before_decoding(backend: Any) -> None:
+    import time
+
+    prompt = chat(backend, "Count from one to twenty in words.")
+    result = backend.generate(prompt, None, Sampling(max_tokens=30, deadline=time.monotonic()))
+    assert result.finish_reason == "timeout" and result.token_ids == []
