@@ -24,24 +24,11 @@ from pathlib import Path
 from typing import Any
 
 from bench.core_bench import machine_info
+from formline.evaluation.runner import is_valid, load_tasks
 
 ROOT = Path(__file__).resolve().parent.parent
 EXTRACTION = ROOT.parent / "shared" / "extraction-dev"
 MODES = ("free", "constrained", "repair")
-
-
-def load_tasks(limit_per_type: int | None) -> list[dict[str, Any]]:
-    lines = (EXTRACTION / "tasks.jsonl").read_text(encoding="utf-8").splitlines()
-    tasks = [json.loads(line) for line in lines if line.strip()]
-    if limit_per_type is None:
-        return tasks
-    counts: dict[str, int] = {}
-    chosen = []
-    for task in tasks:
-        counts[task["type"]] = counts.get(task["type"], 0) + 1
-        if counts[task["type"]] <= limit_per_type:
-            chosen.append(task)
-    return chosen
 
 
 def field_score(pressure: dict[str, Any], field: str, attribute: str = "max_removed") -> float:
@@ -58,7 +45,7 @@ def run_task(task: dict[str, Any], mode: str, backend: Any, max_tokens: int) -> 
     from formline.pipeline.generate import generate
     from formline.pipeline.scoring import parse_output, score_task
 
-    schema = json.loads((EXTRACTION / "schemas" / task["schema"]).read_text())
+    schema = task["schema_json"]
     prompt = f"{task['instruction']}\n\n{task['text']}"
     started = time.perf_counter()
     record: dict[str, Any] = {"id": task["id"], "mode": mode}
@@ -78,23 +65,13 @@ def run_task(task: dict[str, Any], mode: str, backend: Any, max_tokens: int) -> 
         record["tokens"] = result.usage["completion_tokens"]
     value, strict, lenient = parse_output(text)
     record.update(text=text, strict=strict, lenient=lenient, seconds=time.perf_counter() - started)
-    record["valid"] = value is not None and _is_valid(schema, value)
+    record["valid"] = value is not None and is_valid(schema, value)
     record["scores"] = score_task(task, value)
     record["pressure"] = {field: field_score(pressure, field) for field in record["scores"]}
     record["content_pressure"] = {
         field: field_score(pressure, field, "content_max_removed") for field in record["scores"]
     }
     return record
-
-
-def _is_valid(schema: dict[str, Any], value: Any) -> bool:
-    from jsonschema import Draft202012Validator
-
-    return bool(
-        Draft202012Validator(schema, format_checker=Draft202012Validator.FORMAT_CHECKER).is_valid(
-            value
-        )
-    )
 
 
 def auroc(scores: list[float], labels: list[bool]) -> float | None:
@@ -198,7 +175,7 @@ def main(arguments: list[str] | None = None) -> int:
     from formline.backends import load_backend
 
     backend = load_backend("llama_cpp", n_threads=1)
-    tasks = load_tasks(options.tasks)
+    tasks = load_tasks(EXTRACTION / "tasks.jsonl", options.tasks)
     modes = [mode for mode in options.modes.split(",") if mode]
     records: dict[str, list[dict[str, Any]]] = {mode: [] for mode in modes}
     started = time.perf_counter()

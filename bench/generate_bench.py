@@ -29,23 +29,12 @@ from pathlib import Path
 from typing import Any
 
 from bench.core_bench import ROOT, machine_info
+from formline.evaluation.runner import load_tasks
 
 MODES = ("formline-free", "formline-nojf", "formline-jf", "llamacpp-grammar")
 # generate() options per formline mode; formline-jf is generate()'s default (jump_forward=True)
 MODE_OPTIONS = {"formline-free": {"free": True}, "formline-nojf": {"jump_forward": False}}
 DATA = ROOT.parent / "shared" / "extraction-dev"  # /work/shared/extraction-dev
-
-
-def load_tasks(data: Path, per_type: int | None) -> list[dict[str, Any]]:
-    tasks = [json.loads(line) for line in (data / "tasks.jsonl").read_text().splitlines() if line]
-    if per_type is not None:  # the first per_type tasks of each type
-        rank: Counter[str] = Counter()
-        tasks = [
-            task for task in tasks if rank.update([task["type"]]) or rank[task["type"]] <= per_type
-        ]
-    for task in tasks:
-        task["schema_json"] = json.loads((data / "schemas" / task["schema"]).read_text())
-    return tasks
 
 
 def score(task: dict[str, Any], value: Any) -> dict[str, bool]:
@@ -341,7 +330,7 @@ def main(arguments: list[str] | None = None) -> int:
     options = parse_arguments(arguments)
     from formline.backends.base import load_backend
 
-    tasks = load_tasks(options.data, options.tasks)
+    tasks = load_tasks(options.data / "tasks.jsonl", options.tasks)
     engine = load_backend("llama_cpp", n_threads=1)
     load_before = [round(value, 2) for value in os.getloadavg()]
     started = time.perf_counter()

@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from bench.core_bench import ROOT, machine_info
+from bench.load_check import percentile
 
 ENGINES = ("unconstrained", "formline", "xgrammar", "guidance")
 SERVED = "smollm2"
@@ -139,8 +140,8 @@ def run_engine(engine: str, tasks: list[dict[str, Any]], options: Any) -> dict[s
 
 def summarize(records: list[dict[str, Any]], wall: float, startup: float) -> dict[str, Any]:
     tokens = sum(record["tokens"] for record in records)
-    tpots = sorted(record["tpot"] for record in records if record["tpot"] is not None)
-    ttfts = sorted(record["ttft"] for record in records)
+    tpots = [record["tpot"] for record in records if record["tpot"] is not None]
+    ttfts = [record["ttft"] for record in records]
     fields = [ok for record in records for ok in record["fields"].values()]
     return {
         "requests": len(records),
@@ -155,12 +156,6 @@ def summarize(records: list[dict[str, Any]], wall: float, startup: float) -> dic
         "ttft_ms_p50": 1000 * percentile(ttfts, 0.5),
         "server_start_seconds": startup,
     }
-
-
-def percentile(values: list[float], share: float) -> float:
-    if not values:
-        return float("nan")
-    return values[min(len(values) - 1, int(share * len(values)))]
 
 
 def mask_figures(stats: dict[str, Any], wall: float) -> dict[str, Any]:

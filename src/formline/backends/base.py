@@ -77,6 +77,40 @@ class Generation:
     extra: dict[str, Any] = field(default_factory=dict)
 
 
+@dataclass
+class LoopCounters:
+    """Running totals of one decoding loop, shared by the backends' loops."""
+
+    forward_passes: int = 0
+    forward_passes_saved: int = 0
+    forward_seconds: float = 0.0
+    prompt_seconds: float = 0.0
+    mask_seconds: float = 0.0
+    jump_forward_tokens: int = 0
+    closing_tokens: int = 0
+    pressure: dict[int, tuple[float, bool, int]] = field(default_factory=dict)
+
+    def generation(
+        self, token_ids: list[int], text: str, finish: str, prompt_tokens: int, **extra: Any
+    ) -> Generation:
+        """The :class:`Generation` of a finished loop; ``extra`` joins ``jump_forward_tokens``
+        in :attr:`Generation.extra`."""
+        return Generation(
+            token_ids=token_ids,
+            text=text,
+            finish_reason=finish,
+            prompt_tokens=prompt_tokens,
+            completion_tokens=len(token_ids),
+            forward_passes=self.forward_passes,
+            forward_passes_saved=self.forward_passes_saved,
+            closing_tokens=self.closing_tokens,
+            step_pressure=self.pressure,
+            forward_seconds=self.forward_seconds,
+            mask_seconds=self.mask_seconds,
+            extra={"jump_forward_tokens": self.jump_forward_tokens, **extra},
+        )
+
+
 class Backend(Protocol):
     """An inference engine formline can drive."""
 

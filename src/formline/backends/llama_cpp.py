@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import atexit
 import time
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -24,6 +23,7 @@ import numpy as np
 from formline.backends.base import (
     BackendError,
     Generation,
+    LoopCounters,
     Sampling,
     StepGate,
     apply_mask_measuring,
@@ -35,20 +35,6 @@ from formline.vocab import Vocabulary
 from formline.vocab.vocabulary import VocabularyError
 
 LLAMA_SEED = 0  # llama.cpp's own sampler seed (used only by create_completion users)
-
-
-@dataclass
-class _Counters:
-    """Running totals of one ``generate`` call."""
-
-    forward_passes: int = 0
-    forward_passes_saved: int = 0
-    forward_seconds: float = 0.0
-    prompt_seconds: float = 0.0
-    mask_seconds: float = 0.0
-    jump_forward_tokens: int = 0
-    closing_tokens: int = 0
-    pressure: dict[int, tuple[float, bool, int]] = field(default_factory=dict)
 
 
 class LlamaCppBackend:
@@ -192,7 +178,7 @@ class LlamaCppBackend:
             raise BackendError(
                 f"the prompt has {len(prompt_ids)} tokens; n_ctx is {self.llm.n_ctx()}"
             )
-        counters = _Counters()
+        counters = LoopCounters()
         gate = StepGate(sampling)
         rng = np.random.default_rng(sampling.seed)
         output: list[int] = []
@@ -218,7 +204,7 @@ class LlamaCppBackend:
         sampling: Sampling,
         rng: np.random.Generator,
         output: list[int],
-        counters: _Counters,
+        counters: LoopCounters,
         gate: StepGate,
     ) -> str:
         """The step loop; appends to ``output`` and returns the finish reason."""
@@ -297,7 +283,7 @@ class LlamaCppBackend:
             accepted.append(token)
         return accepted
 
-    def _forward(self, tokens: list[int], counters: _Counters) -> np.ndarray:
+    def _forward(self, tokens: list[int], counters: LoopCounters) -> np.ndarray:
         """Evaluate ``tokens`` in one call and return a float32 copy of the last logits.
 
         Raises:
@@ -321,29 +307,19 @@ class LlamaCppBackend:
         prompt_ids: list[int],
         output: list[int],
         finish: str,
-        counters: _Counters,
+        counters: LoopCounters,
         started: float,
     ) -> Generation:
         special = self.vocabulary.special_ids
         pieces = self.vocabulary.token_bytes
         data = b"".join(pieces[token] for token in output if token not in special)
-        return Generation(
-            token_ids=output,
-            text=data.decode("utf-8", errors="replace"),
-            finish_reason=finish,
-            prompt_tokens=len(prompt_ids),
-            completion_tokens=len(output),
-            forward_passes=counters.forward_passes,
-            forward_passes_saved=counters.forward_passes_saved,
-            closing_tokens=counters.closing_tokens,
-            step_pressure=counters.pressure,
-            forward_seconds=counters.forward_seconds,
-            mask_seconds=counters.mask_seconds,
-            extra={
-                "jump_forward_tokens": counters.jump_forward_tokens,
-                "prompt_seconds": counters.prompt_seconds,
-                "total_seconds": time.perf_counter() - started,
-            },
+        return counters.generation(
+            output,
+            data.decode("utf-8", errors="replace"),
+            finish,
+            len(prompt_ids),
+            prompt_seconds=counters.prompt_seconds,
+            total_seconds=time.perf_counter() - started,
         )
 
 

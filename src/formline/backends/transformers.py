@@ -25,6 +25,7 @@ import numpy as np
 from formline.backends.base import (
     BackendError,
     Generation,
+    LoopCounters,
     Sampling,
     StepGate,
     apply_mask_measuring,
@@ -147,19 +148,12 @@ class TransformersBackend:
         output = loop.output
         stopped = loop.finish_reason == "stop" and output and output[-1] in self.vocabulary.eos_ids
         text_ids = output[:-1] if stopped else output
-        return Generation(
-            token_ids=list(output),
-            text=self.tokenizer.decode(text_ids, skip_special_tokens=False),
-            finish_reason=loop.finish_reason,
-            prompt_tokens=len(prompt_ids),
-            completion_tokens=len(output),
-            forward_passes=loop.forward_passes,
-            forward_passes_saved=loop.forward_passes_saved,
-            closing_tokens=loop.closing_tokens,
-            step_pressure=loop.pressure,
-            forward_seconds=loop.forward_seconds,
-            mask_seconds=loop.mask_seconds,
-            extra={"device": str(self.device), "jump_forward_tokens": loop.forced_tokens},
+        return loop.counters.generation(
+            list(output),
+            self.tokenizer.decode(text_ids, skip_special_tokens=False),
+            loop.finish_reason,
+            len(prompt_ids),
+            device=str(self.device),
         )
 
     @functools.cached_property
@@ -191,10 +185,7 @@ class _Loop:
         self.generator = generator
         self.output: list[int] = []
         self.finish_reason = "length"
-        self.forward_passes = self.forward_passes_saved = self.forced_tokens = 0
-        self.closing_tokens = 0
-        self.pressure: dict[int, tuple[float, bool, int]] = {}
-        self.forward_seconds = self.mask_seconds = 0.0
+        self.counters = LoopCounters()
         # One (1, words) int32 bitmask per loop, applied by numpy to a view of the CPU logits
         # (0.07 ms for 49k logits; torch's apply takes 0.06 ms but runs on its thread pool).
         self.bitmask = allocate_token_bitmask(1, backend.logits_size)
@@ -215,10 +206,10 @@ class _Loop:
                 return
             started = time.perf_counter()
             logits, cache = self.backend.forward(pending, cache)
-            self.forward_seconds += time.perf_counter() - started
-            self.forward_passes += 1
+            self.counters.forward_seconds += time.perf_counter() - started
+            self.counters.forward_passes += 1
             if self.output:  # the prompt pass saves nothing
-                self.forward_passes_saved += len(pending) - 1
+                self.counters.forward_passes_saved += len(pending) - 1
             if self.close_within_budget():
                 return
             token = self.choose(logits)
@@ -228,7 +219,7 @@ class _Loop:
                 return
             forced = self.jump_forward()
             self.output.extend(forced)
-            self.forced_tokens += len(forced)
+            self.counters.jump_forward_tokens += len(forced)
             pending = [token, *forced]
 
     def close_within_budget(self) -> bool:
@@ -242,7 +233,7 @@ class _Loop:
             self.backend.vocabulary.token_bytes,
         )
         self.output.extend(closing)
-        self.closing_tokens = len(closing)
+        self.counters.closing_tokens = len(closing)
         if closing:
             self.finish_reason = "stop"
         return bool(closing)
@@ -260,10 +251,10 @@ class _Loop:
             started = time.perf_counter()
             matcher.fill_next_token_bitmask(self.bitmask)
             values = logits.numpy()  # shares memory with the tensor
-            self.pressure[len(self.output)] = apply_mask_measuring(
+            self.counters.pressure[len(self.output)] = apply_mask_measuring(
                 values, self.bitmask[0], self.scratch
             )
-            self.mask_seconds += time.perf_counter() - started
+            self.counters.mask_seconds += time.perf_counter() - started
             if not np.isfinite(values).any():
                 raise RuntimeError("formline bug: the grammar mask allows no token")
         token = pick_token(logits, self.sampling, self.generator)

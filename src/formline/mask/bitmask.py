@@ -137,9 +137,10 @@ def _apply_torch(
 def _apply_torch_cpu(
     torch: Any, logits_2d: Any, bitmask: np.ndarray, rows: list[int], width: int
 ) -> None:
-    """CPU logits: numpy unpacks the bits (35 µs for 16 rows of 49k), torch fills in place,
-    a run of rows as one slice. 16 rows of realistic masks took 0.29 ms here, against
-    3.06 ms for the device path's int32 shifts, gather and scatter."""
+    """CPU logits: numpy unpacks the bits, torch fills in place, a run of rows as one slice.
+    ``python -m bench.apply_bench``, 16 rows of 49k: 0.50 ms (5 allowed per row) and 0.37 ms
+    (2,000 blocked), against XGrammar's CPU kernel 2.45 / 0.20 ms and llguidance's 0.05 /
+    0.05 ms. In the vLLM benchmark this cut formline's processor from 152 to 101 µs per row."""
     mask_2d = bitmask.reshape(1, -1) if bitmask.ndim == 1 else bitmask
     picked = mask_2d[rows] if mask_2d.shape[0] > 1 else np.repeat(mask_2d, len(rows), axis=0)
     unpacked = np.unpackbits(

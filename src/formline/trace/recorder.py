@@ -24,7 +24,7 @@ import numpy as np
 from formline.backends.base import Backend, apply_mask_measuring
 from formline.mask.bitmask import allocate_token_bitmask
 from formline.mask.matcher import GrammarMatcher
-from formline.pipeline.generate import generate
+from formline.pipeline.generate import generate, schema_description
 from formline.pipeline.pressure import DEFAULT_THRESHOLD, field_pressure
 
 TOP_K = 5
@@ -43,7 +43,6 @@ FAILURE_REASONS = (
     "syntax error",
     "other schema error",
 )
-DESCRIPTION = "Answer with a JSON value matching this JSON Schema:\n"
 
 
 def load_trace_backend(model: str | None = None, n_threads: int = 1) -> Backend:
@@ -73,7 +72,7 @@ def record_trace(
 
     vocabulary = backend.vocabulary
     compiled = compile_schema(schema, vocabulary)
-    described = f"{prompt}\n\n{DESCRIPTION}{json.dumps(schema, separators=(',', ':'))}"
+    described = f"{prompt}\n\n{schema_description(schema)}"
     samples = {
         "prompt_only": _samples(
             backend, described, None, compiled, free_samples, temperature, max_tokens, seed
@@ -195,12 +194,6 @@ def _top(probabilities: np.ndarray, pieces: Any, eos: frozenset[int]) -> list[li
     ]
 
 
-def _live_bytes(matcher: GrammarMatcher) -> list[int]:
-    """The bytes the grammar accepts next from the matcher's state (exact: each candidate
-    byte of the states' transition rows is tried on the pushdown automaton)."""
-    return _live_bytes_of(matcher, matcher.state_key()[0])
-
-
 def byte_ranges(values: list[int]) -> str:
     """``[48..57, 45]`` as ``-  0-9``: printable bytes shown, ranges of 3+ joined."""
     parts: list[str] = []
@@ -291,6 +284,7 @@ def _record_steps(
         backend.render_chat([{"role": "user", "content": prompt}])
     )
     bitmask = allocate_token_bitmask(1, size)
+    scratch = np.empty(size, dtype=np.float32)  # the pressure measure's buffer, made once
     states: dict[Any, int] = {}
     steps: list[dict[str, Any]] = []
     output: list[int] = []
@@ -306,11 +300,12 @@ def _record_steps(
         logits = np.ctypeslib.as_array(pointer, shape=(size,)).astype(np.float32)
         forward_ms = (time.perf_counter() - begun) * 1000
         before = _softmax(logits)
-        state = states.setdefault(matcher.state_key(), len(states))
-        live = _live_bytes(matcher)
+        key = matcher.state_key()
+        state = states.setdefault(key, len(states))
+        live = _live_bytes_of(matcher, key[0])
         begun = time.perf_counter()
         matcher.fill_next_token_bitmask(bitmask)
-        removed, refused, preferred = apply_mask_measuring(logits, bitmask[0])
+        removed, refused, preferred = apply_mask_measuring(logits, bitmask[0], scratch)
         mask_ms = (time.perf_counter() - begun) * 1000
         pressure[len(output)] = (removed, refused, preferred)
         after = _softmax(logits)
@@ -332,7 +327,7 @@ def _record_steps(
                 "allowed": int(allowed.sum()),
                 "allowed_multi": int((allowed & (lengths >= 2)).sum()),
                 "state": state,
-                "stacks": len(matcher.state_key()[0]),
+                "stacks": len(key[0]),
                 "can_end": matcher.can_end(),
                 "live_bytes": byte_ranges(live),
                 "live_count": len(live),

@@ -150,14 +150,8 @@ def grammar_for(constraint: RequestConstraint) -> Grammar:
         if constraint.kind == "choice":
             return Grammar.from_choices(constraint.value)
         return Grammar.from_ebnf(constraint.value)
-    except SchemaError as error:
-        where = f" (keyword '{error.keyword}')" if error.keyword else ""
-        raise ValueError(
-            f"vllm_xargs.{constraint.key}: {error.message}{where} at JSON pointer "
-            f"{error.pointer or '/'}"
-        ) from error
-    except GrammarError as error:
-        raise ValueError(f"vllm_xargs.{constraint.key} does not compile: {error}") from error
+    except (SchemaError, GrammarError) as error:
+        raise refusal(constraint, error) from error
 
 
 def compiled_for(constraint: RequestConstraint, vocabulary: Vocabulary) -> CompiledGrammar:
@@ -168,14 +162,22 @@ def compiled_for(constraint: RequestConstraint, vocabulary: Vocabulary) -> Compi
     Costs the mask precompute the first time a grammar meets a vocabulary (milliseconds to
     a second or so for a large schema; the disk cache keeps it across restarts).
     """
-    if constraint.kind == "json_schema":
-        try:
-            schema = compile_schema(constraint.value, vocabulary, whitespace=constraint.whitespace)
-        except SchemaError:
-            grammar_for(constraint)  # raises the same error, worded for the request
-            raise
-        return schema.compiled_grammar
     try:
+        if constraint.kind == "json_schema":
+            schema = compile_schema(constraint.value, vocabulary, whitespace=constraint.whitespace)
+            return schema.compiled_grammar
         return compile_grammar(grammar_for(constraint), vocabulary)
-    except GrammarError as error:
-        raise ValueError(f"vllm_xargs.{constraint.key} does not compile: {error}") from error
+    except (SchemaError, GrammarError) as error:
+        raise refusal(constraint, error) from error
+
+
+def refusal(constraint: RequestConstraint, error: SchemaError | GrammarError) -> ValueError:
+    """The ValueError (a 400 from vLLM) naming the key, and for a schema the keyword and
+    JSON pointer."""
+    if isinstance(error, SchemaError):
+        where = f" (keyword '{error.keyword}')" if error.keyword else ""
+        return ValueError(
+            f"vllm_xargs.{constraint.key}: {error.message}{where} at JSON pointer "
+            f"{error.pointer or '/'}"
+        )
+    return ValueError(f"vllm_xargs.{constraint.key} does not compile: {error}")

@@ -70,6 +70,7 @@ class _Row:
     forced: list[int] = field(default_factory=list)  # the closing tokens still to write
     stop_ids: frozenset[int] = frozenset()  # vLLM's stop tokens for this request
     stop_words: np.ndarray | None = None  # the same, as a bitmask row (None: no stop token)
+    not_eos_words: np.ndarray | None = None  # ~ the tokenizer's end tokens (made once)
 
     def catch_up(self) -> None:
         """Accept the tokens gained since the last step (up to a ``-1`` placeholder)."""
@@ -93,13 +94,13 @@ class _Row:
             if self.forced:
                 self.forced = self.forced[1:] if token == self.forced[0] else []
 
-    def end_with_stop_tokens(self, words: np.ndarray, eos_words: np.ndarray) -> None:
+    def end_with_stop_tokens(self, words: np.ndarray) -> None:
         """Where the grammar may end, allow the request's own stop tokens in place of the
         tokenizer's end tokens: SmolLM2's tokenizer ends on ``<|endoftext|>`` (0) and
         ``<|im_end|>`` (2), vLLM stops on 2 only, and a 0 sampled there ran the request on
         to ``max_tokens`` (3 of 72 extraction-dev answers, each complete but "length")."""
         if self.stop_words is not None and self.matcher.can_end():
-            words &= ~eos_words
+            words &= self.not_eos_words
             words |= self.stop_words
 
     def plan_closing(
@@ -207,6 +208,7 @@ class FormlineLogitsProcessor(LogitsProcessor):
         if row.stop_ids:
             words = ids_to_bitmask(np.array(sorted(row.stop_ids)), compiled.eos_mask.shape[0])
             row.stop_words = words.view(np.int32)
+            row.not_eos_words = ~compiled.eos_mask.view(np.int32)
         return row
 
     def _tokenize(self, text: bytes) -> list[int]:
@@ -227,15 +229,15 @@ class FormlineLogitsProcessor(LogitsProcessor):
         for index in indices:
             row = self.rows[index]
             row.catch_up()
-            eos_words = row.matcher.compiled.eos_mask.view(np.int32)
             if row.closed:
-                bitmask[index] = row.stop_words if row.stop_words is not None else eos_words
+                ends = row.matcher.compiled.eos_mask if row.stop_words is None else row.stop_words
+                bitmask[index] = ends.view(np.int32)
             elif row.forced or row.plan_closing(self._tokenize, token_bytes):
                 forced = ids_to_bitmask(np.array(row.forced[:1]), bitmask.shape[1])
                 bitmask[index] = forced.view(np.int32)
             else:
                 row.matcher.fill_next_token_bitmask(bitmask, index)
-                row.end_with_stop_tokens(bitmask[index], eos_words)
+                row.end_with_stop_tokens(bitmask[index])
         apply_token_bitmask_inplace(logits, bitmask, indices=indices)
         self._count(len(indices), time.perf_counter() - started)
         return logits
