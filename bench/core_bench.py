@@ -348,27 +348,26 @@ class FormlineEngine(Engine):
             return getattr(formline, "__version__", "checkout")
 
     def __init__(self) -> None:
-        from formline import mask
+        from formline import GrammarCompiler, mask
         from formline.grammar import Grammar
-        from formline.mask.compiler import token_index_for
         from formline.vocab import Vocabulary
 
         self.mask = mask
+        self.compiler_class = GrammarCompiler
         self.grammar_class = Grammar
         self.vocabulary_class = Vocabulary
-        self.token_index_for = token_index_for
         self.vocabulary: Any = None
+        self.compiler: Any = None
 
     def prepare(self, context: VocabularyContext) -> None:
-        self.mask.clear_memory_cache()
         self.vocabulary = self.vocabulary_class.from_gguf(context.path)
-        self.token_index_for(self.vocabulary)
+        self.compiler = self.compiler_class(self.vocabulary, disk_cache=False)
+        self.compiler.cache.token_table(self.vocabulary)  # vocabulary preparation
 
     def reset_caches(self, context: VocabularyContext) -> None:
-        # clear_memory_cache also drops the per-vocabulary token index, which is vocabulary
-        # preprocessing (measured in prepare), so it is rebuilt here, untimed.
-        self.mask.clear_memory_cache()
-        self.token_index_for(self.vocabulary)
+        # Compiled grammars are forgotten; the token trie (vocabulary preparation, measured
+        # in prepare) stays, as the peers keep their tokenizer info.
+        self.compiler.clear_cache()
 
     def translate(self, case: GrammarCase) -> Any:
         return case.source
@@ -380,7 +379,7 @@ class FormlineEngine(Engine):
             grammar = self.grammar_class.from_choices(source)
         else:
             grammar = self.grammar_class.from_gbnf(source)
-        return self.mask.compile_grammar(grammar, self.vocabulary, disk_cache=False)
+        return self.compiler.compile_grammar(grammar)
 
     def matcher(self, compiled: Any) -> Any:
         return self.mask.GrammarMatcher(compiled)
@@ -401,6 +400,7 @@ class FormlineEngine(Engine):
             "states": stats.states,
             "unique_masks": stats.unique_masks,
             "escape_groups": stats.escape_groups,
+            "states_walked": stats.states_walked,
         }
 
 

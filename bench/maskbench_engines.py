@@ -96,14 +96,13 @@ class FormlineSchemaEngine(FormlineEngine, SchemaEngine):
     def __init__(self) -> None:
         super().__init__()
         from formline.grammar import GrammarError
-        from formline.schema import SchemaError, compile_schema
+        from formline.schema import SchemaError
 
-        self.compile_schema_function = compile_schema
         self.declined = (SchemaError, GrammarError)
 
     def compile_schema(self, schema: Any) -> Any:
         try:
-            return self.compile_schema_function(schema, self.vocabulary, disk_cache=False)
+            return self.compiler.compile_json_schema(schema)
         except self.declined as error:
             raise UnsupportedSchemaError(f"{type(error).__name__}: {error}") from error
 

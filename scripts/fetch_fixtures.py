@@ -233,8 +233,10 @@ def fetch_llama_cpp(
         extract_from_sdist(sdist, wanted, fixtures_directory)
         return f"extracted from {sdist}"
     with tempfile.TemporaryDirectory(prefix="formline-fetch-") as temporary:
+        # Only this package as an sdist: with ":all:" pip also builds the sdist's build
+        # dependencies (cmake) from source just to read its metadata, minutes on 2 cores.
         downloaded = pip_download(
-            LLAMA_CPP_REQUIREMENT, pathlib.Path(temporary), "--no-binary", ":all:"
+            LLAMA_CPP_REQUIREMENT, pathlib.Path(temporary), "--no-binary", "llama-cpp-python"
         )
         extract_from_sdist(downloaded, wanted, fixtures_directory)
     return f"extracted from {downloaded.name}"

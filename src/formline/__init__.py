@@ -8,6 +8,7 @@ four objects live in :mod:`formline.grammar`, :mod:`formline.vocab`, :mod:`forml
 and :mod:`formline.schema`. Importing formline imports no model engine.
 """
 
+from formline.compiler import GrammarCompiler
 from formline.grammar import Grammar
 from formline.pipeline.extract import Extraction, Failed, extract
 from formline.pipeline.generate import (
@@ -26,6 +27,7 @@ __all__ = [
     "Extraction",
     "Failed",
     "Grammar",
+    "GrammarCompiler",
     "InvalidOutput",
     "Regex",
     "Result",

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import time
 
 import numpy as np
@@ -156,15 +157,41 @@ def test_compile_is_cached_in_memory_and_on_disk(tmp_path) -> None:
     first = compile_grammar(grammar, VOCABULARY, disk_cache=tmp_path)
     assert first.statistics.from_cache == "none"
     assert compile_grammar(grammar, VOCABULARY, disk_cache=tmp_path) is first
-    assert len(list(tmp_path.glob("*.pickle"))) == 1
+    assert len(list(tmp_path.glob("*.npz"))) == 1
+    assert not list(tmp_path.glob("*.pickle"))  # nothing that runs code when loaded
     clear_memory_cache()
     second = compile_grammar(grammar, VOCABULARY, disk_cache=tmp_path)
     assert second.statistics.from_cache == "disk" and second is not first
-    np.testing.assert_array_equal(second.state_masks.inside_masks, first.state_masks.inside_masks)
-    (next(tmp_path.glob("*.pickle"))).write_bytes(b"corrupt")
+    np.testing.assert_array_equal(second.automaton.transitions, first.automaton.transitions)
+    for compiled in (first, second):
+        matcher = GrammarMatcher(compiled)
+        assert matcher.accept_string("abc")
+        np.testing.assert_array_equal(matcher.allowed_token_ids(), brute_force_allowed_ids(matcher))
+    (next(tmp_path.glob("*.npz"))).write_bytes(b"corrupt")
     clear_memory_cache()
     third = compile_grammar(grammar, VOCABULARY, disk_cache=tmp_path)
     assert third.statistics.from_cache == "none"  # a corrupt entry is rebuilt, not fatal
+
+
+def test_a_foreign_or_tampered_disk_entry_is_rebuilt(tmp_path) -> None:
+    grammar = Grammar.from_regex(r"(ab|ba)+")
+    compile_grammar(grammar, VOCABULARY, disk_cache=tmp_path)
+    path = next(tmp_path.glob("*.npz"))
+    with np.load(path) as stored:
+        arrays = {name: stored[name] for name in stored.files}
+    header = json.loads(arrays["header"].tobytes())
+    tampered = dict(arrays, transitions=np.full_like(arrays["transitions"], 10**6))
+    older = dict(
+        arrays, header=np.frombuffer(json.dumps({**header, "version": 1}).encode(), np.uint8)
+    )
+    for replacement in (tampered, older):
+        with path.open("wb") as handle:
+            np.savez(handle, **replacement)
+        clear_memory_cache()
+        rebuilt = compile_grammar(grammar, VOCABULARY, disk_cache=tmp_path)
+        assert rebuilt.statistics.from_cache == "none"
+        matcher = GrammarMatcher(rebuilt)
+        assert matcher.accept_string("abba") and matcher.can_end()
 
 
 def test_state_limit_is_an_error_in_bounded_time() -> None:

@@ -17,6 +17,8 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from formline.automata.nfa import AutomatonLimitError, Nfa
+from formline.native import refine_partition as native_refine_partition
+from formline.native import trim_states
 
 DEFAULT_DFA_STATE_LIMIT = 20_000
 
@@ -146,26 +148,27 @@ def trim(dfa: Dfa, productive_rules: set[str]) -> Dfa | None:
     Costs O(states x 256).
     """
     size = dfa.size
-    predecessors: list[set[int]] = [set() for _ in range(size)]
-    sources, _ = np.nonzero(dfa.transitions >= 0)
-    for source, target in zip(
-        sources.tolist(), dfa.transitions[dfa.transitions >= 0].tolist(), strict=True
-    ):
-        predecessors[target].add(source)
-    for source, state_calls in enumerate(dfa.calls):
-        for rule, target in state_calls:
-            if rule in productive_rules:
-                predecessors[target].add(source)
-    live = set(np.nonzero(dfa.accepting)[0].tolist())
-    pending = list(live)
-    while pending:
-        for source in predecessors[pending.pop()]:
-            if source not in live:
-                live.add(source)
-                pending.append(source)
-    if 0 not in live:
+    edges = [
+        (source, target)
+        for source, state_calls in enumerate(dfa.calls)
+        for rule, target in state_calls
+        if rule in productive_rules
+    ]
+    live = np.zeros(size, dtype=np.uint8)
+    reachable_flags = np.zeros(size, dtype=np.uint8)
+    # Native: the Python searches over per-state predecessor sets took 0.26 s of a 2.3 s
+    # compile of a 3,510-state MaskBench schema.
+    trim_states(
+        np.ascontiguousarray(dfa.transitions, dtype=np.int32),
+        np.array([source for source, _ in edges], dtype=np.int32),
+        np.array([target for _, target in edges], dtype=np.int32),
+        dfa.accepting.astype(np.uint8),
+        live,
+        reachable_flags,
+    )
+    if not live[0]:
         return None
-    reachable = _forward_reachable(dfa, live, productive_rules)
+    reachable = set(np.nonzero(reachable_flags)[0].tolist())
     order = sorted(reachable)
     renumber = np.full(size + 1, -1, dtype=np.int32)
     renumber[np.array(order)] = np.arange(len(order), dtype=np.int32)
@@ -180,20 +183,6 @@ def trim(dfa: Dfa, productive_rules: set[str]) -> Dfa | None:
         for state in order
     ]
     return Dfa(np.ascontiguousarray(table), dfa.accepting[order].copy(), calls)
-
-
-def _forward_reachable(dfa: Dfa, live: set[int], productive_rules: set[str]) -> set[int]:
-    seen = {0}
-    pending = [0]
-    while pending:
-        state = pending.pop()
-        targets = set(dfa.transitions[state][dfa.transitions[state] >= 0].tolist())
-        targets.update(t for rule, t in dfa.calls[state] if rule in productive_rules)
-        for target in targets:
-            if target in live and target not in seen:
-                seen.add(target)
-                pending.append(target)
-    return seen
 
 
 def minimize(dfa: Dfa) -> Dfa:
@@ -241,8 +230,29 @@ def refine_partition(
 
     With ``rounds=None`` it runs to the fixpoint (full equivalence); with ``rounds=k`` two
     states share a label iff they agree on every path of length <= k (definedness and the
-    initial labels along it). Costs O(rounds x states x columns).
+    initial labels along it). Runs in the native kernel: the numpy version below
+    (:func:`refine_partition_reference`) took 1.0 s of a 2.3 s compile of a 3,510-state
+    MaskBench schema, its rounds as many as the automaton is deep. Costs
+    O(rounds x states x distinct columns).
     """
+    size = targets.shape[0]
+    out = np.zeros(size, dtype=np.int32)
+    if size == 0:
+        return out.astype(np.int64)
+    native_refine_partition(
+        np.ascontiguousarray(targets, dtype=np.int32),
+        np.ascontiguousarray(labels, dtype=np.int64),
+        -1 if rounds is None else rounds,
+        out,
+    )
+    return out.astype(np.int64)
+
+
+def refine_partition_reference(
+    targets: np.ndarray, labels: np.ndarray, rounds: int | None = None
+) -> np.ndarray:
+    """The numpy Moore refinement: the reference the native one is tested against.
+    Costs O(rounds x states x columns)."""
     _, partition = np.unique(labels, return_inverse=True)
     partition = partition.reshape(-1).astype(np.int64)
     count = int(partition.max()) + 1 if len(partition) else 0

@@ -1,302 +1,218 @@
-"""The compiled grammar: a grammar bound to a vocabulary, with per-state token masks.
+"""The compiled grammar: a pushdown automaton bound to a vocabulary, with lazy token masks.
 
-For every automaton state that can read a byte, compilation stores:
+Compiling builds the grammar's automaton and nothing per state. A state's contribution to a
+mask is computed by the native kernel (:mod:`formline.native`) the first time a
+configuration reaches it: one depth-first walk of the vocabulary's token trie from that
+state, pruned at the first dead byte, gives
 
-* an *inside* mask: the tokens whose bytes the state's DFA reads whole. They are allowed
-  whatever the parser stack below holds (XGrammar's "context-independent" tokens);
-* *escape groups*: tokens that leave the current rule part-way (a string's closing quote
-  followed by ``,`` in ``"abc",``), grouped by the bytes left over once the rule has ended.
-  Only those leftovers depend on the stack below; they are indexed by first byte, so a mask
-  miss walks only the leftovers that start with a byte the stack below can read (on the
-  recursive JSON benchmark grammar a cold mask on Qwen2 costs at most 165 µs,
-  ``python -m bench.core_bench``).
+* an *inside* mask: the tokens read whole from the state whatever the stack below holds
+  (XGrammar's "context-independent" tokens);
+* *escape* leftovers: tokens that end the state's rule part-way (a string's closing quote
+  followed by ``,`` in ``"abc",``), kept as a trie of the bytes left over once the rule ends.
+  Only those depend on the stack below; they are walked against it once per (stack, top).
 
-At decode time a mask is the OR of the inside masks of the configuration's stack tops plus the
-escape groups whose leftover the stack below accepts, and it is cached per configuration.
-For a regex, a choice or a non-recursive grammar the configuration is one stack and the mask
-is one precomputed array: no walk at all.
+A configuration's mask is the OR of its stack tops' inside masks plus the escape leftovers the
+stacks below accept, cached per configuration (bounded in bytes). For a regex, a choice or a
+non-recursive grammar the configuration is one stack, so a mask is one walk, then a lookup.
 """
 
 from __future__ import annotations
 
-import time
+import threading
 from collections import OrderedDict
 from dataclasses import dataclass, field
 
 import numpy as np
 
-from formline.automata.dfa import refine_partition
 from formline.mask.bitmask import ids_to_bitmask, words_for
-from formline.mask.token_index import (
-    ACCEPTING,
-    CALLING,
-    SHORT_TOKEN_BYTES,
-    TokenIndex,
-    WalkResult,
-)
-from formline.parser.pushdown import BASE, PushdownAutomaton, Stack
+from formline.native import NativeMaskKernel, NativeTokenTable
+from formline.parser.pushdown import ParserLimitError, PushdownAutomaton, Stack
 from formline.vocab import Vocabulary
 
-DEFAULT_MASK_CACHE_ENTRIES = 4096
-ESCAPE_CACHE_ENTRIES = 65_536
+# Per compiled grammar: masks of whole configurations, and the kernel's per-state walks.
+DEFAULT_MASK_CACHE_BYTES = 64 << 20  # 4,096 masks of Qwen2's 4,748 words
+DEFAULT_STATE_CACHE_BYTES = 256 << 20
+STACK_LIMIT_EXCEEDED = -1
 
 
-@dataclass
-class StateMasks:
-    """Precomputed per-state data (picklable: this is what the disk cache stores)."""
+def token_table(vocabulary: Vocabulary) -> NativeTokenTable:
+    """The vocabulary's usable tokens (not special, not empty) as the kernel's trie.
 
-    inside_index: np.ndarray  # int32 (states,): row of ``inside_masks``, -1 if none
-    inside_masks: np.ndarray  # uint32 (unique masks, words)
-    # per state: first leftover byte -> [(leftover bytes, token ids)]; indexed by first byte
-    # so a mask miss only walks the leftovers whose first byte the stack below can read.
-    escapes: list[dict[int, list[tuple[bytes, np.ndarray]]]]
-    live_bytes: list[tuple[int, ...]]  # per state: bytes with a transition
-
-
-def _classify_candidates(
-    automaton: PushdownAutomaton, vocabulary: Vocabulary, state: int, candidates: np.ndarray
-) -> tuple[list[int], dict[bytes, list[int]]]:
-    """Walk candidate tokens through the full parser from ``state`` on an unknown stack."""
-    inside: list[int] = []
-    escapes: dict[bytes, list[int]] = {}
-    start: frozenset[Stack] = frozenset({(BASE, state)})
-    token_bytes = vocabulary.token_bytes
-    for token_id in candidates.tolist():
-        data = token_bytes[token_id]
-        current = start
-        last = len(data) - 1
-        for index, byte in enumerate(data):
-            raw = automaton.step(current, byte)
-            if not raw:
-                break
-            if index == last:
-                inside.append(token_id)
-                break
-            current, _, escaped = automaton.closure(raw)
-            if escaped:
-                escapes.setdefault(data[index + 1 :], []).append(token_id)
-    return inside, escapes
-
-
-def precompute_state_masks(
-    automaton: PushdownAutomaton, index: TokenIndex, vocabulary: Vocabulary
-) -> StateMasks:
-    """Compute every state's inside mask and escape groups.
-
-    States that agree on every path of up to 16 bytes (the counter states of ``[a-z]{1,40}``,
-    say) share one vectorised walk of the short tokens; each state walks the few long tokens
-    itself. Candidate tokens (crossing a rule boundary) take a Python parser walk per state.
-    Costs O(bytes of the tokens each class of states can start) plus the candidate walks.
+    Costs O(total token bytes) plus a sort: about 0.1 s for Llama-3's 128k tokens.
     """
-    flat = automaton.transitions.reshape(-1)
-    kinds = automaton.accepting.astype(np.int64) * ACCEPTING + np.array(
-        [CALLING if calls else 0 for calls in automaton.calls], dtype=np.int64
+    special = vocabulary.special_ids
+    ids = [
+        token_id
+        for token_id, data in enumerate(vocabulary.token_bytes)
+        if data and token_id not in special
+    ]
+    pieces = [vocabulary.token_bytes[token_id] for token_id in ids]
+    lengths = np.array([len(piece) for piece in pieces], dtype=np.int32)
+    offsets = np.zeros(len(ids), dtype=np.int64)
+    if len(ids) > 1:
+        np.cumsum(lengths[:-1], out=offsets[1:])
+    data = np.frombuffer(b"".join(pieces), dtype=np.uint8)
+    return NativeTokenTable(data, offsets, lengths, np.array(ids, dtype=np.int32), vocabulary.size)
+
+
+def call_arrays(automaton: PushdownAutomaton) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The call edges in CSR form: ``begin`` (states + 1), callee starts, return states."""
+    counts = np.array([len(calls) for calls in automaton.calls], dtype=np.int32)
+    begin = np.zeros(automaton.size + 1, dtype=np.int32)
+    np.cumsum(counts, out=begin[1:])
+    flat = [edge for calls in automaton.calls for edge in calls]
+    callee = np.array([edge[0] for edge in flat], dtype=np.int32)
+    returning = np.array([edge[1] for edge in flat], dtype=np.int32)
+    return begin, callee, returning
+
+
+def escapes_possible(automaton: PushdownAutomaton) -> np.ndarray:
+    """Per state: whether a stack with this top can have something below it. A state of an
+    uncalled start rule never does, so its walk records no escape leftovers."""
+    start_is_called = any(
+        callee == automaton.start for calls in automaton.calls for callee, _ in calls
     )
-    classes = refine_partition(automaton.transitions, kinds, SHORT_TOKEN_BYTES)
-    short_walks: dict[int, WalkResult] = {}
-    builder = _MaskBuilder(automaton, vocabulary)
-    for state in range(automaton.size):
-        if not automaton.has_bytes[state]:
-            builder.add_empty()
-            continue
-        short = short_walks.get(int(classes[state]))
-        if short is None:
-            short = short_walks[int(classes[state])] = index.walk(flat, kinds, state, "short")
-        long = index.walk(flat, kinds, state, "long")
-        builder.add(
-            state,
-            np.concatenate([short.inside, long.inside]),
-            np.concatenate([short.candidates, long.candidates]),
-            np.concatenate([short.escape_ids, long.escape_ids]),
-            np.concatenate([short.escape_offsets, long.escape_offsets]),
-        )
-    return builder.finish()
-
-
-class _MaskBuilder:
-    """Collects per-state masks (deduplicated) and escape groups."""
-
-    def __init__(self, automaton: PushdownAutomaton, vocabulary: Vocabulary):
-        self.automaton = automaton
-        self.vocabulary = vocabulary
-        self.words = words_for(vocabulary.size)
-        self.unique: dict[bytes, int] = {}
-        self.masks: list[np.ndarray] = []
-        self.inside_index: list[int] = []
-        self.escapes: list[dict[int, list[tuple[bytes, np.ndarray]]]] = []
-        # Stacks whose top is in an uncalled start rule have nothing below them: their escape
-        # groups could never apply, and without any call edge no candidate is read whole.
-        self.start_is_called = any(
-            callee == automaton.start for calls in automaton.calls for callee, _ in calls
-        )
-        self.has_calls = any(automaton.calls)
-
-    def add_empty(self) -> None:
-        self.inside_index.append(-1)
-        self.escapes.append({})
-
-    def add(
-        self,
-        state: int,
-        inside: np.ndarray,
-        candidates: np.ndarray,
-        escape_ids: np.ndarray,
-        escape_offsets: np.ndarray,
-    ) -> None:
-        in_start_rule = self.automaton.rule_of_state[state] == 0 and not self.start_is_called
-        groups: dict[bytes, list[int]] = {}
-        if len(candidates) and not (in_start_rule and not self.has_calls):
-            extra, groups = _classify_candidates(self.automaton, self.vocabulary, state, candidates)
-            if extra:
-                inside = np.concatenate([inside, np.array(extra, dtype=np.int32)])
-        if not in_start_rule:
-            token_bytes = self.vocabulary.token_bytes
-            for token_id, offset in zip(escape_ids.tolist(), escape_offsets.tolist(), strict=True):
-                groups.setdefault(token_bytes[token_id][offset:], []).append(token_id)
-        else:
-            groups = {}
-        mask = ids_to_bitmask(inside, self.words)
-        key = mask.tobytes()
-        if key not in self.unique:
-            self.unique[key] = len(self.masks)
-            self.masks.append(mask)
-        self.inside_index.append(self.unique[key])
-        by_first_byte: dict[int, list[tuple[bytes, np.ndarray]]] = {}
-        for leftover, ids in groups.items():
-            by_first_byte.setdefault(leftover[0], []).append(
-                (leftover, np.array(ids, dtype=np.int32))
-            )
-        self.escapes.append(by_first_byte)
-
-    def finish(self) -> StateMasks:
-        automaton = self.automaton
-        live_bytes = [tuple(np.nonzero(row >= 0)[0].tolist()) for row in automaton.transitions]
-        stacked = np.stack(self.masks) if self.masks else np.zeros((0, self.words), dtype=np.uint32)
-        inside_index = np.array(self.inside_index, dtype=np.int32)
-        return StateMasks(inside_index, stacked, self.escapes, live_bytes)
+    if start_is_called:
+        return np.ones(automaton.size, dtype=np.uint8)
+    return (automaton.rule_of_state != 0).astype(np.uint8)
 
 
 @dataclass
 class CompileStatistics:
     seconds: float = 0.0
     states: int = 0
-    unique_masks: int = 0
-    escape_groups: int = 0
+    unique_masks: int = 0  # so far: masks are computed lazily
+    escape_groups: int = 0  # escape leftover entries so far
+    states_walked: int = 0
     from_cache: str = "none"  # "none", "memory" or "disk"
+
+
+class LiveBytes:
+    """``live_bytes[state]``: the bytes with a transition from ``state`` (computed on demand)."""
+
+    def __init__(self, transitions: np.ndarray):
+        self._transitions = transitions
+        self._known: dict[int, tuple[int, ...]] = {}
+
+    def __getitem__(self, state: int) -> tuple[int, ...]:
+        known = self._known.get(state)
+        if known is None:
+            known = tuple(np.nonzero(self._transitions[state] >= 0)[0].tolist())
+            self._known[state] = known
+        return known
 
 
 @dataclass
 class CompiledGrammar:
-    """A grammar bound to one vocabulary: automaton, per-state masks and a mask cache.
+    """A grammar bound to one vocabulary: automaton, native mask kernel and a mask cache.
 
-    Expensive to build (see :func:`formline.mask.compile_grammar`), cheap to share: matchers
-    for many sequences use one compiled grammar. Thread-safe for reading.
+    Cheap to build (see :class:`formline.mask.GrammarCompiler`: the automaton only), cheap to
+    share: matchers for many sequences use one compiled grammar. Thread-safe.
     """
 
     automaton: PushdownAutomaton
     vocabulary: Vocabulary
-    state_masks: StateMasks
+    table: NativeTokenTable
     key: str
-    statistics: CompileStatistics = field(default_factory=CompileStatistics)
-    mask_cache_entries: int = DEFAULT_MASK_CACHE_ENTRIES
+    compile_statistics: CompileStatistics = field(default_factory=CompileStatistics)
+    mask_cache_bytes: int = DEFAULT_MASK_CACHE_BYTES
+    state_cache_bytes: int = DEFAULT_STATE_CACHE_BYTES
 
     def __post_init__(self) -> None:
+        automaton = self.automaton
         self.words = words_for(self.vocabulary.size)
         self.eos_ids = np.array(sorted(self.vocabulary.eos_ids), dtype=np.int32)
         self.eos_mask = ids_to_bitmask(self.eos_ids, self.words)
+        self.eos_mask.setflags(write=False)
+        begin, callee, returning = call_arrays(automaton)
+        self.kernel = NativeMaskKernel(
+            self.table,
+            np.ascontiguousarray(automaton.transitions, dtype=np.int32),
+            automaton.accepting.astype(np.uint8),
+            begin,
+            callee,
+            returning,
+            escapes_possible(automaton),
+            self.eos_ids,
+            automaton.stack_limit,
+            self.state_cache_bytes,
+        )
+        self.live_bytes = LiveBytes(automaton.transitions)
         self._mask_cache: OrderedDict[tuple[frozenset[Stack], bool], np.ndarray] = OrderedDict()
-        self._escape_cache: dict[tuple[Stack, int], np.ndarray] = {}
+        self._mask_cache_entries = max(16, self.mask_cache_bytes // (4 * self.words))
+        self._lock = threading.Lock()
 
     @property
     def vocabulary_size(self) -> int:
         return self.vocabulary.size
 
-    def mask_words(self, stacks: frozenset[Stack], can_end: bool) -> np.ndarray:
-        """The uint32 bitmask words for a configuration (cached; do not modify the result).
+    @property
+    def statistics(self) -> CompileStatistics:
+        """Compile figures, with the lazy walks done so far."""
+        walked = self.kernel.statistics()
+        stats = self.compile_statistics
+        stats.unique_masks = walked["unique_masks"]
+        stats.escape_groups = walked["escape_entries"]
+        stats.states_walked = walked["states_walked"]
+        return stats
 
-        Costs a dictionary lookup when cached; otherwise O(stacks x words) plus the leftover
-        checks of the escape groups of the stack tops.
+    def memory_bytes(self) -> int:
+        """Bytes held: the automaton's tables, the kernel's walks and the mask cache."""
+        with self._lock:
+            cached = len(self._mask_cache) * 4 * self.words
+        return (
+            int(self.automaton.transitions.nbytes)
+            + cached
+            + self.kernel.statistics()["memory_bytes"]
+        )
+
+    def mask_words(self, stacks: frozenset[Stack], can_end: bool) -> np.ndarray:
+        """The uint32 bitmask words for a configuration (cached; read-only).
+
+        Raises:
+            ParserLimitError: a walk needed more stacks than the automaton's limit.
+        Costs a dictionary lookup when cached; otherwise the OR of the stack tops' masks
+        (each top's first use walks the token trie once, GIL released, about 1-5 ms for a
+        JSON string state on 128k tokens) plus the escape checks against the stacks below.
         """
         key = (stacks, can_end)
-        cached = self._mask_cache.get(key)
-        if cached is not None:
-            self._mask_cache.move_to_end(key)
-            return cached
-        words = self._compute(stacks, can_end)
+        with self._lock:
+            cached = self._mask_cache.get(key)
+            if cached is not None:
+                self._mask_cache.move_to_end(key)
+                return cached
+        words = self.compute_mask(stacks, can_end)
         words.setflags(write=False)
-        self._mask_cache[key] = words
-        if len(self._mask_cache) > self.mask_cache_entries:
-            self._mask_cache.popitem(last=False)
+        with self._lock:
+            self._mask_cache[key] = words
+            if len(self._mask_cache) > self._mask_cache_entries:
+                self._mask_cache.popitem(last=False)
         return words
 
-    def _compute(self, stacks: frozenset[Stack], can_end: bool) -> np.ndarray:
-        masks = self.state_masks
-        words = np.zeros(self.words, dtype=np.uint32)
+    def compute_mask(self, stacks: frozenset[Stack], can_end: bool) -> np.ndarray:
+        """The mask of a configuration, uncached (see :meth:`mask_words`)."""
+        flat: list[int] = []
         for stack in stacks:
-            top = stack[-1]
-            row = masks.inside_index[top]
-            if row >= 0:
-                words |= masks.inside_masks[row]
-            if len(stack) > 1 and masks.escapes[top]:
-                self._add_escapes(words, stack, masks.escapes[top])
-        if can_end:
-            words |= self.eos_mask
+            flat.append(len(stack))
+            flat.extend(stack)
+        words = np.empty(self.words, dtype=np.uint32)
+        status = self.kernel.fill(np.array(flat, dtype=np.int32), can_end, words)
+        if status == STACK_LIMIT_EXCEEDED:
+            raise ParserLimitError(
+                f"a token walk needs more than {self.automaton.stack_limit} stacks: "
+                "the grammar is too ambiguous"
+            )
         return words
 
-    def _add_escapes(
-        self, words: np.ndarray, stack: Stack, groups: dict[int, list[tuple[bytes, np.ndarray]]]
-    ) -> None:
-        below = stack[:-1]
-        key = (below, stack[-1])
-        token_ids = self._escape_cache.get(key)
-        if token_ids is None:
-            token_ids = self._allowed_escapes(below, groups)
-            if len(self._escape_cache) < ESCAPE_CACHE_ENTRIES:
-                self._escape_cache[key] = token_ids
-        if len(token_ids):
-            np.bitwise_or.at(
-                words, token_ids >> 5, np.left_shift(1, token_ids & 31).astype(np.uint32)
-            )
-
-    def _allowed_escapes(
-        self, below: Stack, groups: dict[int, list[tuple[bytes, np.ndarray]]]
-    ) -> np.ndarray:
-        """Token ids of the groups whose leftover bytes the stack ``below`` reads."""
-        automaton = self.automaton
-        closed = automaton.closure([below])[0]
-        live_bytes = self.state_masks.live_bytes
-        # Most leftovers fail on their first byte: only those starting with a byte the stack
-        # below can read are walked.
-        first_bytes = {byte for stack in closed for byte in live_bytes[stack[-1]]}
-        allowed = [
-            token_ids
-            for byte in first_bytes.intersection(groups)
-            for leftover, token_ids in groups[byte]
-            if automaton.accepts_after(closed, leftover)
-        ]
-        return np.concatenate(allowed) if allowed else np.zeros(0, dtype=np.int32)
+    def clear_mask_cache(self) -> None:
+        """Forget the configuration masks (the kernel's per-state walks stay)."""
+        with self._lock:
+            self._mask_cache.clear()
 
     def statistics_text(self) -> str:
         stats = self.statistics
         return (
-            f"{stats.states} states, {stats.unique_masks} unique masks, "
-            f"{stats.escape_groups} escape groups, compiled in {stats.seconds * 1000:.1f} ms "
-            f"(cache: {stats.from_cache})"
+            f"{stats.states} states, compiled in {stats.seconds * 1000:.1f} ms "
+            f"(cache: {stats.from_cache}); masks so far: {stats.states_walked} states walked, "
+            f"{stats.unique_masks} unique, {stats.escape_groups} escape leftovers"
         )
-
-
-def build_compiled(
-    automaton: PushdownAutomaton, vocabulary: Vocabulary, index: TokenIndex, key: str
-) -> CompiledGrammar:
-    started = time.perf_counter()
-    state_masks = precompute_state_masks(automaton, index, vocabulary)
-    compiled = CompiledGrammar(automaton, vocabulary, state_masks, key)
-    compiled.statistics = CompileStatistics(
-        seconds=time.perf_counter() - started,
-        states=automaton.size,
-        unique_masks=len(state_masks.inside_masks),
-        escape_groups=sum(
-            len(entries) for groups in state_masks.escapes for entries in groups.values()
-        ),
-    )
-    return compiled

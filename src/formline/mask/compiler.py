@@ -1,35 +1,37 @@
-"""``compile_grammar``: bind a grammar to a vocabulary once, cached in memory and on disk.
+"""The compile cache: one object that owns every cache between a grammar and its masks.
 
-The cache key is the hash of the grammar's rules, the vocabulary's fingerprint, the limits
-and formline's cache format version, so a second compile of the same grammar for the same
-vocabulary is a dictionary lookup (in-process) or one pickle load (a new process). The
-per-vocabulary token index is cached the same way, in memory.
+:class:`CompileCache` holds the vocabularies' token tries, the compiled grammars (an LRU
+bounded in bytes), derived values of higher layers (the schema-to-grammar results, through
+:meth:`CompileCache.memoize`) and the disk store, behind one lock that is never held while
+something compiles. Two threads compiling different grammars run side by side; two asking for
+the same one compile it once (the second waits for the first). :class:`formline.GrammarCompiler`
+is the public face; ``compile_grammar`` here is a thin wrapper over the default cache.
 """
 
 from __future__ import annotations
 
 import hashlib
 import os
-import pickle
 import threading
 import time
 from collections import OrderedDict
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any, TypeVar
 
 from formline.automata.dfa import DEFAULT_DFA_STATE_LIMIT
 from formline.automata.nfa import DEFAULT_NFA_STATE_LIMIT
 from formline.grammar.ir import Grammar
-from formline.mask.compiled import CompiledGrammar, CompileStatistics, build_compiled
-from formline.mask.token_index import TokenIndex
+from formline.mask import storage
+from formline.mask.compiled import CompiledGrammar, CompileStatistics, token_table
+from formline.native import NativeTokenTable
 from formline.parser.pushdown import DEFAULT_STACK_LIMIT, build_pushdown
 from formline.vocab import Vocabulary
 
-CACHE_FORMAT_VERSION = "1"
-MEMORY_CACHE_ENTRIES = 64
-
-_memory_cache: OrderedDict[str, CompiledGrammar] = OrderedDict()
-_index_cache: dict[str, TokenIndex] = {}
-_lock = threading.Lock()
+CACHE_FORMAT_VERSION = "2"
+DEFAULT_CACHE_LIMIT_BYTES = 1 << 30  # compiled grammars in memory, masks included
+DEFAULT_DISK_LIMIT_BYTES = 256 << 20
+DerivedValue = TypeVar("DerivedValue")
 
 
 def default_cache_directory() -> Path:
@@ -38,71 +40,143 @@ def default_cache_directory() -> Path:
     return Path(configured) if configured else Path.home() / ".cache" / "formline"
 
 
-def token_index_for(vocabulary: Vocabulary) -> TokenIndex:
-    """The (cached) token index of a vocabulary. First call costs O(total token bytes)."""
-    fingerprint = vocabulary.fingerprint()
-    with _lock:
-        index = _index_cache.get(fingerprint)
-    if index is None:
-        index = TokenIndex(vocabulary)
-        with _lock:
-            _index_cache[fingerprint] = index
-    return index
-
-
-def compile_grammar(
-    grammar: Grammar,
-    vocabulary: Vocabulary,
-    *,
-    disk_cache: bool | str | os.PathLike[str] = True,
-    nfa_state_limit: int = DEFAULT_NFA_STATE_LIMIT,
-    dfa_state_limit: int = DEFAULT_DFA_STATE_LIMIT,
-    stack_limit: int = DEFAULT_STACK_LIMIT,
-) -> CompiledGrammar:
-    """Compile ``grammar`` for ``vocabulary``: automata plus every state's token mask.
+class CompileCache:
+    """Compiled grammars and everything derived on the way, shared between threads.
 
     Args:
-        disk_cache: ``True`` for the default directory, a path for another, ``False`` for none.
-
-    Raises:
-        GrammarError: the grammar is invalid (left recursion, matches nothing, ...).
-        AutomatonLimitError: an automaton exceeds its state limit (raised in bounded time).
-    Costs milliseconds for small grammars (measured in ``bench/``); a cached grammar costs a
-    dictionary lookup, or one file read from the disk cache.
+        cache_limit_bytes: memory for compiled grammars (their automata, per-state walks and
+            mask caches, measured when stored); past it the least recently used are dropped.
+        disk_cache: ``True`` for ``default_cache_directory()/compiled``, a path for another,
+            ``False`` for none. Entries are arrays plus JSON (:mod:`formline.mask.storage`).
+        disk_limit_bytes: size of the disk store; past it the least recently used go.
     """
-    key = _cache_key(grammar, vocabulary, (nfa_state_limit, dfa_state_limit, stack_limit))
-    with _lock:
-        cached = _memory_cache.get(key)
-        if cached is not None:
-            _memory_cache.move_to_end(key)
-            return cached
-    started = time.perf_counter()
-    directory = _cache_directory(disk_cache)
-    compiled = _load(directory, key, vocabulary) if directory else None
-    if compiled is not None:
-        compiled.statistics.from_cache = "disk"
-        compiled.statistics.seconds = time.perf_counter() - started
-    else:
-        automaton = build_pushdown(grammar, nfa_state_limit, dfa_state_limit, stack_limit)
-        compiled = build_compiled(automaton, vocabulary, token_index_for(vocabulary), key)
-        compiled.statistics.seconds = time.perf_counter() - started
+
+    def __init__(
+        self,
+        cache_limit_bytes: int = DEFAULT_CACHE_LIMIT_BYTES,
+        disk_cache: bool | str | os.PathLike[str] = True,
+        disk_limit_bytes: int = DEFAULT_DISK_LIMIT_BYTES,
+    ):
+        if cache_limit_bytes < 0 or disk_limit_bytes < 0:
+            raise ValueError("cache limits must not be negative")
+        self.cache_limit_bytes = cache_limit_bytes
+        self.disk_cache = disk_cache
+        self.disk_limit_bytes = disk_limit_bytes
+        self._lock = threading.Lock()
+        self._entries: OrderedDict[Any, tuple[Any, Callable[[Any], int]]] = OrderedDict()
+        self._bytes = 0
+        self._building: dict[Any, threading.Event] = {}
+        self._tables: dict[str, NativeTokenTable] = {}
+
+    def token_table(self, vocabulary: Vocabulary) -> NativeTokenTable:
+        """The vocabulary's token trie (built once per vocabulary, about 0.1 s for 128k)."""
+        fingerprint = vocabulary.fingerprint()
+        return self.memoize(("table", fingerprint), lambda: token_table(vocabulary), lambda _: 0)
+
+    def memoize(
+        self,
+        key: Any,
+        build: Callable[[], DerivedValue],
+        size_of: Callable[[DerivedValue], int] = lambda _: 1024,
+    ) -> DerivedValue:
+        """``build()``'s value for ``key``, computed once: a second caller for the same key
+        waits for the first, callers for other keys do not. ``build`` runs without the lock;
+        if it raises, nothing is stored and the error reaches its caller."""
+        while True:
+            with self._lock:
+                found = self._entries.get(key)
+                if found is not None:
+                    self._entries.move_to_end(key)
+                    return found[0]
+                waiter = self._building.get(key)
+                owner = waiter is None
+                if owner:
+                    waiter = self._building[key] = threading.Event()
+            assert waiter is not None
+            if not owner:
+                waiter.wait()
+                continue
+            try:
+                value = build()
+            finally:
+                with self._lock:
+                    del self._building[key]
+                waiter.set()
+            self._store(key, value, size_of)
+            return value
+
+    def _store(self, key: Any, value: Any, size_of: Callable[[Any], int]) -> None:
+        """Insert, then drop the least recently used entries past the byte limit. Sizes are
+        read again on every insert: a compiled grammar's masks grow after it is stored."""
+        with self._lock:
+            self._entries[key] = (value, size_of)
+            sizes = {entry: measure(stored) for entry, (stored, measure) in self._entries.items()}
+            total = sum(sizes.values())
+            while total > self.cache_limit_bytes and len(self._entries) > 1:
+                dropped, _ = self._entries.popitem(last=False)
+                total -= sizes[dropped]
+            self._bytes = total
+
+    def compile(
+        self,
+        grammar: Grammar,
+        vocabulary: Vocabulary,
+        limits: tuple[int, int, int] = (
+            DEFAULT_NFA_STATE_LIMIT,
+            DEFAULT_DFA_STATE_LIMIT,
+            DEFAULT_STACK_LIMIT,
+        ),
+    ) -> CompiledGrammar:
+        """``grammar`` bound to ``vocabulary``: see :func:`compile_grammar`."""
+        key = cache_key(grammar, vocabulary, limits)
+        return self.memoize(
+            ("grammar", key),
+            lambda: self._build(grammar, vocabulary, limits, key),
+            CompiledGrammar.memory_bytes,
+        )
+
+    def _build(
+        self, grammar: Grammar, vocabulary: Vocabulary, limits: tuple[int, int, int], key: str
+    ) -> CompiledGrammar:
+        started = time.perf_counter()
+        table = self.token_table(vocabulary)
+        directory = self.directory()
+        compiled = storage.load(directory, key, vocabulary, table) if directory else None
+        if compiled is not None:
+            compiled.compile_statistics.seconds = time.perf_counter() - started
+            return compiled
+        automaton = build_pushdown(grammar, *limits)
+        statistics = CompileStatistics(seconds=time.perf_counter() - started, states=automaton.size)
+        compiled = CompiledGrammar(automaton, vocabulary, table, key, statistics)
         if directory:
-            _store(directory, key, compiled)
-    with _lock:
-        _memory_cache[key] = compiled
-        if len(_memory_cache) > MEMORY_CACHE_ENTRIES:
-            _memory_cache.popitem(last=False)
-    return compiled
+            storage.store(directory, compiled, self.disk_limit_bytes)
+        return compiled
+
+    def directory(self) -> Path | None:
+        """The disk store's folder, or ``None`` without one."""
+        if self.disk_cache is False:
+            return None
+        if self.disk_cache is True:
+            return default_cache_directory() / "compiled"
+        return Path(self.disk_cache)
+
+    def clear(self, token_tables: bool = False) -> None:
+        """Forget the compiled grammars and derived values in memory; the vocabularies'
+        token tries too with ``token_tables`` (the disk store stays)."""
+        with self._lock:
+            for key in list(self._entries):
+                if token_tables or key[0] != "table":
+                    del self._entries[key]
+            self._bytes = 0
+
+    def memory_bytes(self) -> int:
+        """Bytes the entries hold now."""
+        with self._lock:
+            return sum(measure(stored) for stored, measure in self._entries.values())
 
 
-def clear_memory_cache() -> None:
-    """Forget in-process compiled grammars and token indexes (the disk cache stays)."""
-    with _lock:
-        _memory_cache.clear()
-        _index_cache.clear()
-
-
-def _cache_key(grammar: Grammar, vocabulary: Vocabulary, limits: tuple[int, ...]) -> str:
+def cache_key(grammar: Grammar, vocabulary: Vocabulary, limits: tuple[int, ...]) -> str:
+    """SHA-256 of the format version, the grammar, the vocabulary and the limits."""
     digest = hashlib.sha256()
     for part in (
         CACHE_FORMAT_VERSION,
@@ -114,36 +188,50 @@ def _cache_key(grammar: Grammar, vocabulary: Vocabulary, limits: tuple[int, ...]
     return digest.hexdigest()
 
 
-def _cache_directory(disk_cache: bool | str | os.PathLike[str]) -> Path | None:
-    if disk_cache is False:
-        return None
-    if disk_cache is True:
-        return default_cache_directory() / "compiled"
-    return Path(disk_cache)
+_default_caches: dict[Any, CompileCache] = {}
+_default_lock = threading.Lock()
 
 
-def _load(directory: Path, key: str, vocabulary: Vocabulary) -> CompiledGrammar | None:
-    path = directory / f"{key}.pickle"
-    try:
-        with path.open("rb") as handle:
-            automaton, state_masks, statistics = pickle.load(handle)
-    except FileNotFoundError:
-        return None
-    except (OSError, pickle.UnpicklingError, EOFError, ValueError, AttributeError):
-        return None  # a corrupt or foreign entry is recompiled and overwritten
-    compiled = CompiledGrammar(automaton, vocabulary, state_masks, key)
-    compiled.statistics = CompileStatistics(**statistics)
-    return compiled
+def default_cache(disk_cache: bool | str | os.PathLike[str] = True) -> CompileCache:
+    """The process-wide cache for a disk setting (one per setting, created on first use)."""
+    setting = disk_cache if isinstance(disk_cache, bool) else str(Path(disk_cache))
+    with _default_lock:
+        cache = _default_caches.get(setting)
+        if cache is None:
+            cache = _default_caches[setting] = CompileCache(disk_cache=disk_cache)
+        return cache
 
 
-def _store(directory: Path, key: str, compiled: CompiledGrammar) -> None:
-    try:
-        directory.mkdir(parents=True, exist_ok=True)
-        temporary = directory / f"{key}.{os.getpid()}.tmp"
-        statistics = dict(vars(compiled.statistics))
-        payload = (compiled.automaton, compiled.state_masks, statistics)
-        with temporary.open("wb") as handle:
-            pickle.dump(payload, handle, protocol=pickle.HIGHEST_PROTOCOL)
-        temporary.replace(directory / f"{key}.pickle")
-    except OSError:
-        pass  # a read-only or full disk only costs the next process a recompile
+def compile_grammar(
+    grammar: Grammar,
+    vocabulary: Vocabulary,
+    *,
+    disk_cache: bool | str | os.PathLike[str] = True,
+    nfa_state_limit: int = DEFAULT_NFA_STATE_LIMIT,
+    dfa_state_limit: int = DEFAULT_DFA_STATE_LIMIT,
+    stack_limit: int = DEFAULT_STACK_LIMIT,
+    cache: CompileCache | None = None,
+) -> CompiledGrammar:
+    """Compile ``grammar`` for ``vocabulary``: its automaton; masks come lazily.
+
+    Args:
+        disk_cache: ``True`` for the default directory, a path for another, ``False`` for none
+            (ignored when ``cache`` is given: the cache has its own setting).
+        cache: the :class:`CompileCache` to use (default: the process-wide one).
+
+    Raises:
+        GrammarError: the grammar is invalid (left recursion, matches nothing, ...).
+        AutomatonLimitError: an automaton exceeds its state limit (raised in bounded time).
+    Costs the automaton build (determinise, trim, minimise: milliseconds for most schemas);
+    a cached grammar costs a dictionary lookup, or one file read from the disk store.
+    """
+    chosen = cache if cache is not None else default_cache(disk_cache)
+    return chosen.compile(grammar, vocabulary, (nfa_state_limit, dfa_state_limit, stack_limit))
+
+
+def clear_memory_cache() -> None:
+    """Forget in-process compiled grammars and token tries (the disk store stays)."""
+    with _default_lock:
+        caches = list(_default_caches.values())
+    for cache in caches:
+        cache.clear(token_tables=True)

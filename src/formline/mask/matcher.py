@@ -177,7 +177,7 @@ class GrammarMatcher:
             return None
         if self._can_end:
             return b""
-        live_bytes = self.compiled.state_masks.live_bytes
+        live_bytes = self.compiled.live_bytes
         frontier: list[tuple[frozenset[Stack], bytes]] = [(self._stacks, b"")]
         seen = {self._stacks}
         while frontier:
@@ -206,7 +206,7 @@ class GrammarMatcher:
             return ""
         forced = bytearray()
         stacks, can_end = self._stacks, self._can_end
-        live_bytes = self.compiled.state_masks.live_bytes
+        live_bytes = self.compiled.live_bytes
         while not can_end and len(forced) < MAX_JUMP_FORWARD_BYTES:
             candidates = {byte for stack in stacks for byte in live_bytes[stack[-1]]}
             if len(candidates) != 1:

@@ -10,13 +10,12 @@ from __future__ import annotations
 
 import json
 import os
-from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import Any
 
 from formline.grammar.ir import Grammar, GrammarError
 from formline.mask.compiled import CompiledGrammar
-from formline.mask.compiler import compile_grammar
+from formline.mask.compiler import CompileCache, compile_grammar, default_cache
 from formline.mask.matcher import GrammarMatcher
 from formline.schema.compiler import (
     SchemaOptions,
@@ -27,9 +26,6 @@ from formline.schema.compiler import (
 from formline.schema.ordering import order_like_schema
 from formline.schema.report import SchemaError, SchemaReport
 from formline.vocab import Vocabulary
-
-GRAMMAR_CACHE_ENTRIES = 128
-_grammar_cache: OrderedDict[str, tuple[Grammar, SchemaReport]] = OrderedDict()
 
 
 @dataclass
@@ -113,6 +109,7 @@ def schema_to_grammar(
     whitespace: int | None = None,
     on_unsupported: str = "error",
     max_string_length: int | None = None,
+    cache: CompileCache | None = None,
 ) -> tuple[Grammar, SchemaReport]:
     """The tokenizer-free grammar of a schema, and the report of every keyword.
 
@@ -120,23 +117,22 @@ def schema_to_grammar(
         SchemaError: not a valid JSON Schema, a ``$ref`` that does not resolve, an
             unsupported keyword (unless ``on_unsupported`` says otherwise), or a schema too
             deep or too big; the message names the keyword and the JSON pointer.
-    Costs milliseconds for typical schemas; cached in memory by the schema's text.
+    Costs milliseconds for typical schemas; cached in memory by the schema's text (in
+    ``cache``, default the process-wide :class:`~formline.mask.compiler.CompileCache`).
     """
     schema = schema_of(source)
     options = SchemaOptions(whitespace, on_unsupported, max_string_length)
     # Key order matters: property order is part of the grammar (no sort_keys).
     key = json.dumps([schema, repr(options)], default=str)
-    cached = _grammar_cache.get(key)
-    if cached is not None:
-        _grammar_cache.move_to_end(key)
-        return cached
-    check_nesting(schema, 2 * options.max_depth)
-    _check_schema(schema)
-    result = compile_to_grammar(schema, options)
-    _grammar_cache[key] = result
-    if len(_grammar_cache) > GRAMMAR_CACHE_ENTRIES:
-        _grammar_cache.popitem(last=False)
-    return result
+
+    def build() -> tuple[Grammar, SchemaReport]:
+        check_nesting(schema, 2 * options.max_depth)
+        _check_schema(schema)
+        return compile_to_grammar(schema, options)
+
+    chosen = cache if cache is not None else default_cache()
+    # Sized by the key's text: a grammar's nodes take a few times its schema's bytes.
+    return chosen.memoize(("schema-grammar", key), build, lambda _: 4 * len(key))
 
 
 def compile_schema(
@@ -147,6 +143,7 @@ def compile_schema(
     on_unsupported: str = "error",
     max_string_length: int | None = None,
     disk_cache: bool | str | os.PathLike[str] = True,
+    cache: CompileCache | None = None,
 ) -> CompiledSchema:
     """Compile a JSON Schema or Pydantic model for ``vocabulary``.
 
@@ -155,22 +152,26 @@ def compile_schema(
         on_unsupported: ``"error"`` (default), ``"check_after"`` or ``"ignore"``.
         max_string_length: optional cap for strings without ``maxLength`` (reported).
         disk_cache: as for :func:`formline.mask.compile_grammar`.
+        cache: the :class:`~formline.mask.compiler.CompileCache` that keeps the grammar and
+            the compiled grammar (default: the process-wide one for ``disk_cache``).
 
     Raises:
         SchemaError: see :func:`schema_to_grammar`; also when the schema's automaton is over
             the state limits (raised in bounded time).
-    Costs the grammar (milliseconds) plus the mask precompute of
-    :func:`~formline.mask.compile_grammar`; both are cached.
+    Costs the grammar plus the automaton of :func:`~formline.mask.compile_grammar`
+    (milliseconds for most schemas; masks come lazily); both are cached.
     """
     schema = schema_of(source)
+    chosen = cache if cache is not None else default_cache(disk_cache)
     grammar, report = schema_to_grammar(
         schema,
         whitespace=whitespace,
         on_unsupported=on_unsupported,
         max_string_length=max_string_length,
+        cache=chosen,
     )
     try:
-        compiled = compile_grammar(grammar, vocabulary, disk_cache=disk_cache)
+        compiled = compile_grammar(grammar, vocabulary, cache=chosen)
     except GrammarError as error:
         raise SchemaError(f"the schema's grammar cannot be compiled: {error}") from error
     options = SchemaOptions(whitespace, on_unsupported, max_string_length)

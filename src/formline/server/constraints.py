@@ -1,7 +1,8 @@
 """From a :class:`ChatRequest`'s constraint or tools to a compiled grammar and an after-check.
 
-Compiled grammars are shared across requests through formline's caches (the schema-to-grammar
-LRU and :func:`~formline.mask.compile_grammar`'s LRU plus disk cache); each request gets its
+Compiled grammars are shared across requests through the thread-safe default
+:class:`~formline.mask.compiler.CompileCache` (no global lock: two schemas compile side by
+side, a text-only request waits for none); each request gets its
 own :class:`~formline.mask.GrammarMatcher` (see :mod:`.engine`).
 
 Tools: ``tool_choice`` named → the output is that function's arguments (its parameters
@@ -16,7 +17,6 @@ that begins with ``{`` or ``[`` is always a tool call.
 from __future__ import annotations
 
 import json
-import threading
 from dataclasses import dataclass
 from typing import Any
 
@@ -33,8 +33,6 @@ from formline.vocab import Vocabulary
 
 AUTO_START = "formline_tool_or_text"
 FREE_TEXT_NOT_JSON = r"[^{\[][\s\S]*"
-# schema_to_grammar's LRU is a plain OrderedDict: compiles take this lock (generation does not).
-_compile_lock = threading.Lock()
 
 
 @dataclass
@@ -65,8 +63,7 @@ def plan_output(request: ChatRequest, vocabulary: Vocabulary) -> OutputPlan:
         return _tool_plan(request, vocabulary)
     constraint = request.constraint
     try:
-        with _compile_lock:
-            return _constraint_plan(constraint, vocabulary)
+        return _constraint_plan(constraint, vocabulary)
     except SchemaError as error:
         raise _schema_error(error, constraint.param) from error
     except GrammarError as error:
@@ -152,8 +149,7 @@ def _tool_plan(request: ChatRequest, vocabulary: Vocabulary) -> OutputPlan:
         index, tool = next((i, t) for i, t in enumerate(tools) if t.name == request.named_tool)
         param = f"tools[{index}].function.parameters"
         try:
-            with _compile_lock:
-                checker = _compile(tool.parameters, vocabulary, tool.strict)
+            checker = _compile(tool.parameters, vocabulary, tool.strict)
         except SchemaError as error:
             raise _schema_error(error, param) from error
         description = (
@@ -166,11 +162,10 @@ def _tool_plan(request: ChatRequest, vocabulary: Vocabulary) -> OutputPlan:
     max_calls = request.max_tool_calls if request.parallel_tool_calls else 1
     schema = tool_call_schema(tools, max_calls)
     try:
-        with _compile_lock:
-            checker = _compile(schema, vocabulary, strict)
-            compiled = checker.compiled_grammar
-            if request.tool_choice == "auto":
-                compiled = compile_grammar(_tool_or_text(schema, strict), vocabulary)
+        checker = _compile(schema, vocabulary, strict)
+        compiled = checker.compiled_grammar
+        if request.tool_choice == "auto":
+            compiled = compile_grammar(_tool_or_text(schema, strict), vocabulary)
     except SchemaError as error:
         raise _schema_error(error, "tools (the tool-call schema built from them)") from error
     except GrammarError as error:

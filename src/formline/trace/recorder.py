@@ -257,7 +257,7 @@ def _examples(
 
 
 def _live_bytes_of(matcher: GrammarMatcher, stacks: Any) -> list[int]:
-    live = matcher.compiled.state_masks.live_bytes
+    live = matcher.compiled.live_bytes
     candidates = sorted({byte for stack in stacks for byte in live[stack[-1]]})
     automaton = matcher.compiled.automaton
     return [byte for byte in candidates if automaton.advance(stacks, bytes((byte,))) is not None]

@@ -1,0 +1,20 @@
+"""Builds formline's compiled mask kernel (C++ behind Cython) with the package.
+
+Everything else is declared in pyproject.toml; ``pip install -e .`` and ``pip install .``
+compile ``formline.native._kernel`` from source (g++ and the Python headers; Cython comes
+from PyPI as a build dependency). Nothing downloads a prebuilt binary.
+"""
+
+from Cython.Build import cythonize
+from setuptools import Extension, setup
+
+KERNEL = Extension(
+    "formline.native._kernel",
+    sources=["src/formline/native/_kernel.pyx"],
+    include_dirs=["src/formline/native"],
+    depends=["src/formline/native/kernel.hpp"],
+    language="c++",
+    extra_compile_args=["-std=c++17", "-O3"],
+)
+
+setup(ext_modules=cythonize([KERNEL], compiler_directives={"language_level": "3"}))

@@ -1,0 +1,119 @@
+"""Masks of a whole batch at once: rows split over a thread pool, native work without the GIL.
+
+XGrammar's ``BatchGrammarMatcher`` and llguidance's parallel fill in one shape. Each worker
+takes a contiguous slice of the rows; for each row it looks up the matcher's cached mask or
+computes it (the kernel's trie walks and escape checks release the GIL), then copies the words
+into the bitmask natively (GIL released). Only the per-row lookup holds the GIL, so cold
+masks (new states: walks of milliseconds) scale with the cores and cached ones cost a copy.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+import numpy as np
+
+from formline.mask.matcher import GrammarMatcher
+from formline.native import copy_rows
+
+MINIMUM_ROWS_PER_THREAD = 4  # below this a thread's hand-off (about 20 µs) costs more than a row
+
+
+class BatchGrammarMatcher:
+    """Fills and advances many matchers per step.
+
+    Args:
+        max_threads: worker threads (default: the CPUs this process may use).
+    """
+
+    def __init__(self, max_threads: int | None = None):
+        available = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else None
+        self.max_threads = max(1, max_threads or available or os.cpu_count() or 1)
+        self._pool = ThreadPoolExecutor(self.max_threads, thread_name_prefix="formline-mask")
+
+    def batch_fill_next_token_bitmask(
+        self,
+        matchers: Sequence[GrammarMatcher],
+        bitmask: Any,
+        indices: Sequence[int] | None = None,
+    ) -> None:
+        """Write ``matchers[k]``'s mask into row ``indices[k]`` (default ``k``) of ``bitmask``,
+        an int32 ``(batch, words)`` numpy array or torch tensor (a CPU tensor is written in
+        place; another device gets one copy of the filled rows).
+
+        Raises:
+            ValueError: ``indices`` and ``matchers`` differ in length, or a row is out of range.
+            ParserLimitError: a matcher's walk needed more stacks than its limit.
+        Costs one cached lookup and one row copy per matcher, or the mask's walk when new.
+        """
+        rows = (
+            np.arange(len(matchers), dtype=np.int64)
+            if indices is None
+            else np.asarray(indices, dtype=np.int64)
+        )
+        if len(rows) != len(matchers):
+            raise ValueError(f"{len(matchers)} matchers but {len(rows)} indices")
+        target, device_tensor = _numpy_target(bitmask)
+        if len(rows) and (rows.min() < 0 or rows.max() >= target.shape[0]):
+            raise ValueError(f"a row index is outside the bitmask's {target.shape[0]} rows")
+        slices = self._slices(len(matchers))
+        if len(slices) == 1:
+            _fill_rows(matchers, target, rows)
+        else:
+            futures = [
+                self._pool.submit(_fill_rows, matchers[start:stop], target, rows[start:stop])
+                for start, stop in slices
+            ]
+            for future in futures:
+                future.result()
+        if device_tensor is not None:
+            torch = sys.modules["torch"]
+            device_tensor.copy_(torch.from_numpy(target))
+
+    def batch_accept_token(
+        self, matchers: Sequence[GrammarMatcher], token_ids: Sequence[int]
+    ) -> list[bool]:
+        """``[matcher.accept_token(token) ...]`` (the parser step is Python: no threads)."""
+        if len(matchers) != len(token_ids):
+            raise ValueError(f"{len(matchers)} matchers but {len(token_ids)} tokens")
+        return [
+            matcher.accept_token(int(token))
+            for matcher, token in zip(matchers, token_ids, strict=True)
+        ]
+
+    def _slices(self, count: int) -> list[tuple[int, int]]:
+        threads = min(self.max_threads, max(1, count // MINIMUM_ROWS_PER_THREAD))
+        bounds = np.linspace(0, count, threads + 1).astype(int).tolist()
+        return [(bounds[k], bounds[k + 1]) for k in range(threads) if bounds[k + 1] > bounds[k]]
+
+    def close(self) -> None:
+        """Stop the worker threads."""
+        self._pool.shutdown(wait=True)
+
+
+def _numpy_target(bitmask: Any) -> tuple[np.ndarray, Any]:
+    """A writable int32 numpy view of ``bitmask`` and, for a non-CPU tensor, the tensor."""
+    if isinstance(bitmask, np.ndarray):
+        target = bitmask if bitmask.ndim == 2 else bitmask.reshape(1, -1)
+        if target.dtype != np.int32 or not target.flags.c_contiguous:
+            raise ValueError("the bitmask must be a C-contiguous int32 array")
+        return target, None
+    torch = sys.modules.get("torch")
+    if torch is None or not isinstance(bitmask, torch.Tensor):
+        raise TypeError(
+            f"bitmask must be a numpy array or a torch tensor, got {type(bitmask).__name__}"
+        )
+    tensor = bitmask if bitmask.dim() == 2 else bitmask.view(1, -1)
+    if tensor.device.type == "cpu" and tensor.is_contiguous():
+        return tensor.numpy(), None
+    return np.ascontiguousarray(tensor.cpu().numpy()), tensor
+
+
+def _fill_rows(matchers: Sequence[GrammarMatcher], target: np.ndarray, rows: np.ndarray) -> None:
+    words = [matcher.next_token_mask_words() for matcher in matchers]
+    for row, row_words in zip(rows.tolist(), words, strict=True):
+        copy_rows(row_words.reshape(1, -1), target, np.array([row], dtype=np.int64))

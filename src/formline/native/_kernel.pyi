@@ -1,0 +1,47 @@
+import numpy as np
+
+class NativeTokenTable:
+    vocabulary_size: int
+    def __init__(
+        self,
+        data: np.ndarray,
+        offsets: np.ndarray,
+        lengths: np.ndarray,
+        ids: np.ndarray,
+        vocabulary_size: int,
+    ) -> None: ...
+    @property
+    def node_count(self) -> int: ...
+    @property
+    def max_depth(self) -> int: ...
+
+class NativeMaskKernel:
+    words: int
+    def __init__(
+        self,
+        table: NativeTokenTable,
+        transitions: np.ndarray,
+        accepting: np.ndarray,
+        call_begin: np.ndarray,
+        call_callee: np.ndarray,
+        call_return: np.ndarray,
+        escapes_possible: np.ndarray,
+        eos_ids: np.ndarray,
+        stack_limit: int,
+        cache_limit_bytes: int,
+    ) -> None: ...
+    def fill(self, flat: np.ndarray, can_end: bool, out: np.ndarray) -> int: ...
+    def statistics(self) -> dict[str, int]: ...
+
+def copy_rows(sources: np.ndarray, bitmask: np.ndarray, rows: np.ndarray) -> None: ...
+def refine_partition(
+    targets: np.ndarray, labels: np.ndarray, rounds: int, out: np.ndarray
+) -> int: ...
+def trim_states(
+    transitions: np.ndarray,
+    extra_source: np.ndarray,
+    extra_target: np.ndarray,
+    accepting: np.ndarray,
+    live: np.ndarray,
+    reachable: np.ndarray,
+) -> None: ...
