@@ -4,8 +4,15 @@ import time
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from formline.automata import AutomatonLimitError, build_nfa, determinize, minimize, trim
+from formline.automata.dfa import (
+    determinize_reference,
+    refine_partition,
+    refine_partition_reference,
+)
 from formline.grammar.regex import parse_regex
 
 
@@ -46,3 +53,61 @@ def test_dfa_state_limit_is_an_error_in_bounded_time() -> None:
 def test_nfa_state_limit_is_an_error() -> None:
     with pytest.raises(AutomatonLimitError, match="more than 1000 NFA states"):
         nfa_of("(abc){500}", state_limit=1000)
+
+
+NATIVE_PATTERNS = [
+    r"(ab|cb)(ab|cb)",
+    r"[0-9]{3,7}",
+    r"(a|b)*a(a|b){4}",
+    r"[a-zé中]+@[a-z]+\.(com|org)",
+    r"-?(0|[1-9][0-9]*)(\.[0-9]+)?([eE][-+]?[0-9]+)?",
+    r'"([^"\\]|\\["\\/bfnrt]|\\u[0-9a-fA-F]{4})*"',
+    r"x?y?z?(xy|yz)*",
+]
+
+
+@pytest.mark.parametrize("pattern", NATIVE_PATTERNS)
+def test_native_subset_construction_and_refinement_equal_the_reference(pattern) -> None:
+    nfa = nfa_of(pattern)
+    native = minimize(trim(determinize(nfa), set()))
+    reference_dfa = trim(determinize_reference(nfa), set())
+    assert reference_dfa is not None
+    # The reference's own minimisation, with the numpy refinement, gives the same size.
+    labels = refine_partition_reference(
+        reference_dfa.transitions, reference_dfa.accepting.astype(np.int64)
+    )
+    assert native.size == len(set(labels.tolist()))
+    rng = np.random.default_rng(len(pattern))
+    alphabet = sorted(set(pattern.encode()) | set(b'0123456789abxyz.@"\\'))
+    for length in range(0, 9):
+        for _ in range(40):
+            text = bytes(int(rng.choice(alphabet)) for _ in range(length))
+            assert native.matches(text) == reference_dfa.matches(text), text
+
+
+def test_native_subset_construction_keeps_the_state_limit() -> None:
+    with pytest.raises(AutomatonLimitError, match="more than 500 DFA states"):
+        determinize(nfa_of("(a|b)*a(a|b){12}"), state_limit=500)
+
+
+@given(
+    st.integers(1, 40).flatmap(
+        lambda states: st.tuples(
+            st.lists(
+                st.lists(st.integers(-1, states - 1), min_size=4, max_size=4),
+                min_size=states,
+                max_size=states,
+            ),
+            st.lists(st.integers(0, 2), min_size=states, max_size=states),
+            st.sampled_from([None, 1, 2, 5]),
+        )
+    )
+)
+@settings(max_examples=200, deadline=None)
+def test_native_refinement_equals_the_numpy_reference(case) -> None:
+    rows, labels, rounds = case
+    targets = np.array(rows, dtype=np.int32)[:, [0, 1, 2, 3, 1, 0]]  # repeated columns too
+    native = refine_partition(targets, np.array(labels), rounds)
+    reference = refine_partition_reference(targets, np.array(labels), rounds)
+    pairs = set(zip(native.tolist(), reference.tolist(), strict=True))
+    assert len(pairs) == len(set(native.tolist())) == len(set(reference.tolist()))

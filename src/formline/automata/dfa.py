@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from formline.automata.nfa import AutomatonLimitError, Nfa
+from formline.native import determinize as native_determinize
 from formline.native import refine_partition as native_refine_partition
 from formline.native import trim_states
 
@@ -71,12 +72,74 @@ def _epsilon_closure(nfa: Nfa, states: set[int]) -> frozenset[int]:
 
 
 def determinize(nfa: Nfa, state_limit: int = DEFAULT_DFA_STATE_LIMIT) -> Dfa:
-    """Subset construction over byte classes and call symbols.
+    """Subset construction over byte classes and call symbols, in the native kernel (the
+    Python version, :func:`determinize_reference`, took 0.45 s of a 1 s compile of a
+    3,510-state MaskBench schema). The NFA goes over as CSR arrays.
 
     Raises:
         AutomatonLimitError: more than ``state_limit`` DFA states would be needed.
     Costs O(DFA states x NFA states per subset x byte classes).
     """
+    edges = [
+        (low, high, target)
+        for state_edges in nfa.byte_edges
+        for ranges, target in state_edges
+        for low, high in ranges
+    ]
+    edge_counts = [sum(len(ranges) for ranges, _ in state_edges) for state_edges in nfa.byte_edges]
+    rules = sorted({rule for state_calls in nfa.call_edges for rule, _ in state_calls})
+    rule_ids = {rule: index for index, rule in enumerate(rules)}
+    calls = [
+        (rule_ids[rule], target) for state_calls in nfa.call_edges for rule, target in state_calls
+    ]
+    edge_array = np.array(edges, dtype=np.int32).reshape(-1, 3)
+    call_array = np.array(calls, dtype=np.int32).reshape(-1, 2)
+    result = native_determinize(
+        _csr_begin(edge_counts),
+        np.ascontiguousarray(edge_array[:, 0]),
+        np.ascontiguousarray(edge_array[:, 1]),
+        np.ascontiguousarray(edge_array[:, 2]),
+        _csr_begin([len(targets) for targets in nfa.epsilon_edges]),
+        np.array([t for targets in nfa.epsilon_edges for t in targets], dtype=np.int32),
+        _csr_begin([len(state_calls) for state_calls in nfa.call_edges]),
+        np.ascontiguousarray(call_array[:, 0]),
+        np.ascontiguousarray(call_array[:, 1]),
+        nfa.start,
+        nfa.accept,
+        state_limit,
+    )
+    if result is None:
+        raise AutomatonLimitError(
+            f"the automaton needs more than {state_limit} DFA states "
+            "(a pattern such as (a|b)*a(a|b){20} grows exponentially)"
+        )
+    classes, class_count, rows, accepting, begin, rule_column, target_column, states = result
+    class_table = np.frombuffer(rows, dtype=np.int32).reshape(states, class_count)
+    transitions = np.ascontiguousarray(class_table[:, np.frombuffer(classes, dtype=np.int32)])
+    bounds = np.frombuffer(begin, dtype=np.int32).tolist()
+    pairs = list(
+        zip(
+            np.frombuffer(rule_column, dtype=np.int32).tolist(),
+            np.frombuffer(target_column, dtype=np.int32).tolist(),
+            strict=True,
+        )
+    )
+    dfa_calls = [
+        [(rules[rule], target) for rule, target in pairs[bounds[state] : bounds[state + 1]]]
+        for state in range(states)
+    ]
+    return Dfa(transitions, np.frombuffer(accepting, dtype=np.uint8).astype(bool), dfa_calls)
+
+
+def _csr_begin(counts: list[int]) -> np.ndarray:
+    begin = np.zeros(len(counts) + 1, dtype=np.int32)
+    np.cumsum(counts, out=begin[1:])
+    return begin
+
+
+def determinize_reference(nfa: Nfa, state_limit: int = DEFAULT_DFA_STATE_LIMIT) -> Dfa:
+    """The Python subset construction: the reference the native one is tested against.
+    Costs O(DFA states x NFA states per subset x byte classes)."""
     classes = _byte_classes(nfa)
     class_of = classes.tolist()
     class_count = int(classes.max()) + 1

@@ -31,6 +31,7 @@ from formline.backends.base import (
     apply_mask_measuring,
     closing_tokens,
 )
+from formline.mask.batch import default_batch_matcher
 from formline.mask.bitmask import allocate_token_bitmask, apply_token_bitmask_inplace
 from formline.mask.compiled import CompiledGrammar
 from formline.mask.matcher import GrammarMatcher
@@ -457,6 +458,6 @@ class FormlineLogitsProcessor(LogitsProcessor):
                         "(did another processor or beam search change the tokens?)"
                     )
             self._seen[row] += len(new)
-            matcher.fill_next_token_bitmask(bitmask, row)
+        default_batch_matcher().batch_fill_next_token_bitmask(self.matchers, bitmask)
         apply_token_bitmask_inplace(scores, bitmask)
         return scores

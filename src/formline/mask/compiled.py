@@ -189,6 +189,15 @@ class CompiledGrammar:
                 self._mask_cache.popitem(last=False)
         return words
 
+    def cached_mask(self, stacks: frozenset[Stack], can_end: bool) -> np.ndarray | None:
+        """The configuration's mask if it is cached, else ``None`` (nothing is computed)."""
+        key = (stacks, can_end)
+        with self._lock:
+            cached = self._mask_cache.get(key)
+            if cached is not None:
+                self._mask_cache.move_to_end(key)
+            return cached
+
     def compute_mask(self, stacks: frozenset[Stack], can_end: bool) -> np.ndarray:
         """The mask of a configuration, uncached (see :meth:`mask_words`)."""
         flat: list[int] = []

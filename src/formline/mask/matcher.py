@@ -134,6 +134,12 @@ class GrammarMatcher:
             return self.compiled.eos_mask
         return self.compiled.mask_words(self._stacks, self._can_end)
 
+    def cached_mask_words(self) -> np.ndarray | None:
+        """This step's mask if it needs no computing (cached or terminated), else ``None``."""
+        if self._terminated:
+            return self.compiled.eos_mask
+        return self.compiled.cached_mask(self._stacks, self._can_end)
+
     def fill_next_token_bitmask(self, bitmask: Any, index: int = 0) -> bool:
         """Write this step's allowed tokens into row ``index`` of an int32 bitmask.
 

@@ -11,8 +11,9 @@ from formline.native._kernel import (
     NativeMaskKernel,
     NativeTokenTable,
     copy_rows,
+    determinize,
     refine_partition,
     trim_states,
 )
 
-__all__ = ["NativeMaskKernel", "NativeTokenTable", "copy_rows", "refine_partition", "trim_states"]
+__all__ = ["NativeMaskKernel", "NativeTokenTable", "copy_rows", "determinize", "refine_partition", "trim_states"]

@@ -45,3 +45,17 @@ def trim_states(
     live: np.ndarray,
     reachable: np.ndarray,
 ) -> None: ...
+def determinize(
+    edge_begin: np.ndarray,
+    edge_low: np.ndarray,
+    edge_high: np.ndarray,
+    edge_target: np.ndarray,
+    epsilon_begin: np.ndarray,
+    epsilon_target: np.ndarray,
+    call_begin: np.ndarray,
+    call_rule: np.ndarray,
+    call_target: np.ndarray,
+    start: int,
+    accept: int,
+    state_limit: int,
+) -> tuple[bytes, int, bytes, bytes, bytes, bytes, bytes, int] | None: ...

@@ -4,7 +4,9 @@
 lazy mask kernel per compiled grammar. Every call that walks releases the GIL."""
 
 from libc.stdint cimport int32_t, int64_t, uint8_t, uint32_t
+from cpython.bytes cimport PyBytes_FromStringAndSize
 from libcpp cimport bool as cpp_bool
+from libcpp.vector cimport vector
 
 
 cdef extern from "kernel.hpp" namespace "formline" nogil:
@@ -49,7 +51,77 @@ cdef extern from "kernel.hpp" namespace "formline" nogil:
         uint8_t* reachable
     )
 
+    cdef cppclass DeterminizeResult:
+        vector[int32_t] classes
+        int32_t class_count
+        vector[int32_t] rows
+        vector[uint8_t] accepting
+        vector[int32_t] call_begin, call_rule, call_target
+        int32_t states
+
+    int determinize_native "formline::determinize"(
+        int32_t nfa_states, const int32_t* edge_begin, const int32_t* edge_low,
+        const int32_t* edge_high, const int32_t* edge_target, const int32_t* epsilon_begin,
+        const int32_t* epsilon_target, const int32_t* call_begin, const int32_t* call_rule,
+        const int32_t* call_target, int32_t start, int32_t accept, int32_t state_limit,
+        DeterminizeResult& result
+    ) except +
+
 STACK_LIMIT_EXCEEDED = -1
+
+
+cdef bytes _int32_bytes(vector[int32_t]& values):
+    return PyBytes_FromStringAndSize(<char*>values.data(), values.size() * 4)
+
+
+def determinize(
+    const int32_t[::1] edge_begin,
+    const int32_t[::1] edge_low,
+    const int32_t[::1] edge_high,
+    const int32_t[::1] edge_target,
+    const int32_t[::1] epsilon_begin,
+    const int32_t[::1] epsilon_target,
+    const int32_t[::1] call_begin,
+    const int32_t[::1] call_rule,
+    const int32_t[::1] call_target,
+    int start,
+    int accept,
+    int state_limit,
+):
+    """Subset construction (see ``kernel.hpp``). Returns ``None`` past ``state_limit``, else
+    (classes, class count, rows, accepting, call begin, call rule, call target, states) with
+    the arrays as bytes (int32; accepting uint8). The GIL is released."""
+    cdef int32_t nfa_states = edge_begin.shape[0] - 1
+    if nfa_states <= 0 or epsilon_begin.shape[0] != nfa_states + 1:
+        raise ValueError("determinize: the CSR arrays disagree on the number of states")
+    if call_begin.shape[0] != nfa_states + 1 or not (0 <= start < nfa_states):
+        raise ValueError("determinize: bad call edges or start state")
+    cdef int32_t dummy = 0
+    cdef const int32_t* low = &edge_low[0] if edge_low.shape[0] else &dummy
+    cdef const int32_t* high = &edge_high[0] if edge_high.shape[0] else &dummy
+    cdef const int32_t* target = &edge_target[0] if edge_target.shape[0] else &dummy
+    cdef const int32_t* epsilon = &epsilon_target[0] if epsilon_target.shape[0] else &dummy
+    cdef const int32_t* rule = &call_rule[0] if call_rule.shape[0] else &dummy
+    cdef const int32_t* called = &call_target[0] if call_target.shape[0] else &dummy
+    cdef DeterminizeResult result
+    cdef int status
+    with nogil:
+        status = determinize_native(
+            nfa_states, &edge_begin[0], low, high, target, &epsilon_begin[0], epsilon,
+            &call_begin[0], rule, called, start, accept, state_limit, result,
+        )
+    if status != 0:
+        return None
+    return (
+        _int32_bytes(result.classes),
+        result.class_count,
+        _int32_bytes(result.rows),
+        PyBytes_FromStringAndSize(<char*>result.accepting.data(), result.accepting.size()),
+        _int32_bytes(result.call_begin),
+        _int32_bytes(result.call_rule),
+        _int32_bytes(result.call_target),
+        result.states,
+    )
 
 
 def trim_states(const int32_t[:, ::1] transitions, const int32_t[::1] extra_source,

@@ -13,6 +13,7 @@
 #pragma once
 
 #include <algorithm>
+#include <condition_variable>
 #include <cstdint>
 #include <cstring>
 #include <memory>
@@ -387,11 +388,23 @@ class MaskKernel {
  private:
   std::shared_ptr<const StateData> state_data(int32_t state, int& status) {
     {
-      std::lock_guard<std::mutex> guard(mutex_);
+      // Computed outside the lock, so rows on other threads walk other states meanwhile; a
+      // thread that needs a state another is walking waits for it instead of walking twice.
+      std::unique_lock<std::mutex> guard(mutex_);
+      while (!states_[state] && walking_.count(state)) walked_.wait(guard);
       if (states_[state]) return states_[state];
+      walking_.insert(state);
     }
-    // Computed outside the lock: another row may walk another state meanwhile (a rare
-    // duplicate walk of the same state costs time, never correctness).
+    auto result = walk_state(state, status);
+    {
+      std::lock_guard<std::mutex> guard(mutex_);
+      walking_.erase(state);
+    }
+    walked_.notify_all();
+    return result;
+  }
+
+  std::shared_ptr<const StateData> walk_state(int32_t state, int& status) {
     auto data = std::make_shared<StateData>();
     std::vector<uint32_t> inside(table_->words, 0u);
     std::vector<std::pair<int32_t, int32_t>> escapes;
@@ -497,6 +510,8 @@ class MaskKernel {
   std::vector<int32_t> eos_ids_;
   int64_t cache_limit_bytes_;
   std::mutex mutex_;
+  std::condition_variable walked_;
+  std::unordered_set<int32_t> walking_;
   std::vector<std::shared_ptr<const StateData>> states_;
   std::unordered_map<std::vector<int32_t>, std::shared_ptr<const std::vector<int32_t>>, VectorHash>
       escape_cache_;
@@ -685,6 +700,132 @@ inline void trim_states(const int32_t* transitions, int32_t states, const int32_
         pending.push_back(target);
       }
   }
+}
+
+}  // namespace formline
+
+namespace formline {
+
+// Subset construction (Python: automata.dfa.determinize) over byte classes and call symbols.
+// The NFA comes as CSR arrays: byte edges (low, high, target), epsilon edges and call edges
+// (rule id, target); rule ids must be numbered in the order the calls should be listed.
+struct DeterminizeResult {
+  std::vector<int32_t> classes;  // 256: byte -> class
+  int32_t class_count = 0;
+  std::vector<int32_t> rows;  // states x class_count
+  std::vector<uint8_t> accepting;
+  std::vector<int32_t> call_begin{0}, call_rule, call_target;
+  int32_t states = 0;
+};
+
+inline int determinize(int32_t nfa_states, const int32_t* edge_begin, const int32_t* edge_low,
+                       const int32_t* edge_high, const int32_t* edge_target,
+                       const int32_t* epsilon_begin, const int32_t* epsilon_target,
+                       const int32_t* call_begin, const int32_t* call_rule,
+                       const int32_t* call_target, int32_t start, int32_t accept,
+                       int32_t state_limit, DeterminizeResult& result) {
+  // Byte classes: bytes that no edge tells apart share a class, numbered in byte order.
+  std::vector<uint8_t> boundary(257, 0);
+  boundary[0] = boundary[256] = 1;
+  const int32_t edges = edge_begin[nfa_states];
+  for (int32_t edge = 0; edge < edges; ++edge) {
+    boundary[edge_low[edge]] = 1;
+    boundary[edge_high[edge] + 1] = 1;
+  }
+  result.classes.assign(256, 0);
+  int32_t current = -1;
+  for (int32_t byte = 0; byte < 256; ++byte) {
+    if (boundary[byte]) ++current;
+    result.classes[byte] = current;
+  }
+  const int32_t class_count = current + 1;
+  result.class_count = class_count;
+  std::vector<int32_t> marker(nfa_states, -1);
+  int32_t generation = 0;
+  std::vector<int32_t> pending;
+  auto closure = [&](std::vector<int32_t> states) {
+    ++generation;
+    for (int32_t state : states) marker[state] = generation;
+    pending.assign(states.begin(), states.end());
+    while (!pending.empty()) {
+      const int32_t state = pending.back();
+      pending.pop_back();
+      for (int32_t k = epsilon_begin[state]; k < epsilon_begin[state + 1]; ++k) {
+        const int32_t target = epsilon_target[k];
+        if (marker[target] != generation) {
+          marker[target] = generation;
+          states.push_back(target);
+          pending.push_back(target);
+        }
+      }
+    }
+    std::sort(states.begin(), states.end());
+    return states;
+  };
+  std::unordered_map<std::vector<int32_t>, int32_t, VectorHash> index_of, interned;
+  std::vector<std::vector<int32_t>> subsets;
+  subsets.push_back(closure({start}));
+  index_of.emplace(subsets[0], 0);
+  bool over_limit = false;
+  auto intern = [&](std::vector<int32_t>& targets) -> int32_t {
+    std::sort(targets.begin(), targets.end());
+    targets.erase(std::unique(targets.begin(), targets.end()), targets.end());
+    auto known = interned.find(targets);
+    if (known != interned.end()) return known->second;
+    std::vector<int32_t> closed = closure(targets);
+    auto found = index_of.find(closed);
+    int32_t index;
+    if (found == index_of.end()) {
+      if (static_cast<int32_t>(subsets.size()) >= state_limit) {
+        over_limit = true;
+        return -1;
+      }
+      index = static_cast<int32_t>(subsets.size());
+      index_of.emplace(closed, index);
+      subsets.push_back(std::move(closed));
+    } else {
+      index = found->second;
+    }
+    interned.emplace(targets, index);
+    return index;
+  };
+  std::vector<std::vector<int32_t>> by_class(class_count);
+  std::vector<std::pair<int32_t, int32_t>> by_rule;
+  for (size_t cursor = 0; cursor < subsets.size(); ++cursor) {
+    for (auto& targets : by_class) targets.clear();
+    by_rule.clear();
+    bool accepting = false;
+    for (int32_t state : subsets[cursor]) {
+      accepting |= state == accept;
+      for (int32_t edge = edge_begin[state]; edge < edge_begin[state + 1]; ++edge)
+        for (int32_t c = result.classes[edge_low[edge]]; c <= result.classes[edge_high[edge]]; ++c)
+          by_class[c].push_back(edge_target[edge]);
+      for (int32_t call = call_begin[state]; call < call_begin[state + 1]; ++call)
+        by_rule.emplace_back(call_rule[call], call_target[call]);
+    }
+    result.accepting.push_back(accepting ? 1 : 0);
+    const size_t row_start = result.rows.size();
+    result.rows.resize(row_start + class_count, -1);
+    for (int32_t c = 0; c < class_count; ++c) {
+      if (by_class[c].empty()) continue;
+      const int32_t target = intern(by_class[c]);
+      if (over_limit) return kStackLimitExceeded;
+      result.rows[row_start + c] = target;
+    }
+    std::sort(by_rule.begin(), by_rule.end());
+    for (size_t k = 0; k < by_rule.size();) {
+      const int32_t rule = by_rule[k].first;
+      std::vector<int32_t> targets;
+      while (k < by_rule.size() && by_rule[k].first == rule) targets.push_back(by_rule[k++].second);
+      const int32_t target = intern(targets);
+      if (over_limit) return kStackLimitExceeded;
+      result.call_rule.push_back(rule);
+      result.call_target.push_back(target);
+    }
+    result.call_begin.push_back(static_cast<int32_t>(result.call_rule.size()));
+  }
+  result.states = static_cast<int32_t>(subsets.size());
+  return 0;
 }
 
 }  // namespace formline

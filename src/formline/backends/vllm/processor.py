@@ -42,6 +42,7 @@ from vllm.v1.sample.logits_processor import BatchUpdate, LogitsProcessor, MoveDi
 
 from formline.backends.base import closing_tokens
 from formline.backends.vllm.constraints import compiled_for, grammar_for, read_constraint
+from formline.mask.batch import default_batch_matcher
 from formline.mask.bitmask import (
     allocate_token_bitmask,
     apply_token_bitmask_inplace,
@@ -226,6 +227,7 @@ class FormlineLogitsProcessor(LogitsProcessor):
         assert bitmask is not None  # allocated with the vocabulary, before any row exists
         indices = sorted(index for index in self.rows if index < logits.shape[0])
         token_bytes = self.vocabulary.token_bytes
+        filled: list[int] = []
         for index in indices:
             row = self.rows[index]
             row.catch_up()
@@ -236,8 +238,13 @@ class FormlineLogitsProcessor(LogitsProcessor):
                 forced = ids_to_bitmask(np.array(row.forced[:1]), bitmask.shape[1])
                 bitmask[index] = forced.view(np.int32)
             else:
-                row.matcher.fill_next_token_bitmask(bitmask, index)
-                row.end_with_stop_tokens(bitmask[index])
+                filled.append(index)
+        # The rows' masks on the thread pool (new states' walks run without the GIL).
+        default_batch_matcher().batch_fill_next_token_bitmask(
+            [self.rows[index].matcher for index in filled], bitmask, filled
+        )
+        for index in filled:
+            self.rows[index].end_with_stop_tokens(bitmask[index])
         apply_token_bitmask_inplace(logits, bitmask, indices=indices)
         self._count(len(indices), time.perf_counter() - started)
         return logits

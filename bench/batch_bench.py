@@ -1,0 +1,177 @@
+"""Batch fill: 64 rows of one JSON schema, one thread against two, formline and XGrammar.
+
+Run from the repository root::
+
+    python -m bench.batch_bench [--rows 64] [--repeats 15] [--vocabulary llama-bpe]
+
+Each row is a matcher at its own point of a valid instance (rows spread over the instance's
+tokens, so they sit in different states). "cold" compiles the schema afresh before every
+repeat (untimed), so the fill computes each state's mask (the native trie walks); "hot"
+repeats the fill on the same matchers, so it is cached lookups and row copies. XGrammar's
+``BatchGrammarMatcher`` runs the same rows with ``max_threads`` 1 and 2 in the same run.
+Writes ``bench/results/batch.md``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from bench.core_bench import load_tokenizer, machine_info
+from formline import GrammarCompiler
+from formline.mask import BatchGrammarMatcher, allocate_token_bitmask
+from formline.vocab import Vocabulary
+from formline.vocab.fixtures import fixture_path
+
+ROOT = Path(__file__).resolve().parents[1]
+SCHEMA = {
+    "type": "object",
+    "properties": {
+        "name": {"type": "string"},
+        "email": {"type": "string"},
+        "city": {"type": "string"},
+        "age": {"type": "integer", "minimum": 0, "maximum": 150},
+        "tags": {"type": "array", "items": {"type": "string"}},
+        "notes": {"type": "string"},
+        "score": {"type": "number"},
+        "active": {"type": "boolean"},
+    },
+    "required": ["name", "email", "city", "age", "tags", "notes", "score", "active"],
+    "additionalProperties": False,
+}
+INSTANCE = {
+    "name": "Ada Lovelace",
+    "email": "ada@example.org",
+    "city": "London",
+    "age": 36,
+    "tags": ["mathematics", "poetry", "engines"],
+    "notes": "Wrote the first published algorithm for the Analytical Engine.",
+    "score": 97.5,
+    "active": True,
+}
+
+
+def formline_rows(compiler: GrammarCompiler, tokens: list[int], rows: int) -> list[Any]:
+    compiled = compiler.compile_json_schema(SCHEMA)
+    matchers = []
+    for row in range(rows):
+        matcher = compiled.matcher()
+        for token in tokens[: row * len(tokens) // rows]:
+            assert matcher.accept_token(token)
+        matchers.append(matcher)
+    return matchers
+
+
+def time_formline(vocabulary: Vocabulary, tokens: list[int], rows: int, repeats: int) -> dict[str, float]:
+    results: dict[str, float] = {}
+    bitmask = allocate_token_bitmask(rows, vocabulary.size)
+    for threads in (1, 2):
+        batch = BatchGrammarMatcher(max_threads=threads)
+        cold: list[float] = []
+        hot: list[float] = []
+        for _ in range(repeats):
+            compiler = GrammarCompiler(vocabulary, disk_cache=False)
+            matchers = formline_rows(compiler, tokens, rows)
+            started = time.perf_counter()
+            batch.batch_fill_next_token_bitmask(matchers, bitmask)
+            cold.append(time.perf_counter() - started)
+            started = time.perf_counter()
+            batch.batch_fill_next_token_bitmask(matchers, bitmask)
+            hot.append(time.perf_counter() - started)
+        batch.close()
+        results[f"cold_{threads}"] = 1000 * statistics.median(cold)
+        results[f"hot_{threads}"] = 1000 * statistics.median(hot)
+    return results
+
+
+def time_xgrammar(path: Path, tokens: list[int], rows: int, repeats: int) -> dict[str, float] | str:
+    try:
+        import xgrammar
+    except ImportError as error:
+        return f"not installed ({error})"
+    tokenizer, _ = load_tokenizer(path)
+    info = xgrammar.TokenizerInfo.from_huggingface(tokenizer)
+    results: dict[str, float] = {}
+    bitmask = xgrammar.allocate_token_bitmask(rows, info.vocab_size)
+    for threads in (1, 2):
+        batch = xgrammar.BatchGrammarMatcher(max_threads=threads)
+        cold: list[float] = []
+        hot: list[float] = []
+        for _ in range(repeats):
+            compiler = xgrammar.GrammarCompiler(info, max_threads=1, cache_enabled=False)
+            compiled = compiler.compile_json_schema(
+                json.dumps(SCHEMA), any_whitespace=False, separators=(",", ":")
+            )
+            matchers = []
+            for row in range(rows):
+                matcher = xgrammar.GrammarMatcher(compiled)
+                for token in tokens[: row * len(tokens) // rows]:
+                    assert matcher.accept_token(token)
+                matchers.append(matcher)
+            started = time.perf_counter()
+            batch.batch_fill_next_token_bitmask(matchers, bitmask)
+            cold.append(time.perf_counter() - started)
+            started = time.perf_counter()
+            batch.batch_fill_next_token_bitmask(matchers, bitmask)
+            hot.append(time.perf_counter() - started)
+        results[f"cold_{threads}"] = 1000 * statistics.median(cold)
+        results[f"hot_{threads}"] = 1000 * statistics.median(hot)
+    return results
+
+
+def markdown(figures: dict[str, Any], arguments: argparse.Namespace) -> str:
+    lines = [
+        "# Batch fill",
+        "",
+        f"`python -m bench.batch_bench --rows {arguments.rows} --repeats {arguments.repeats} "
+        f"--vocabulary {arguments.vocabulary}`; {machine_info().get('cpu_model', '')}, "
+        f"{machine_info().get('cpus_usable', '')} cores. Median ms per fill of all "
+        "rows; speed-up = 1 thread / 2 threads.",
+        "",
+        "| engine | cold, 1 thread | cold, 2 threads | speed-up | hot, 1 thread | hot, 2 threads | speed-up |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for engine, result in figures.items():
+        if isinstance(result, str):
+            lines.append(f"| {engine} | {result} | | | | | |")
+            continue
+        cold = result["cold_1"] / result["cold_2"]
+        hot = result["hot_1"] / result["hot_2"]
+        lines.append(
+            f"| {engine} | {result['cold_1']:.2f} | {result['cold_2']:.2f} | {cold:.2f}x "
+            f"| {result['hot_1']:.3f} | {result['hot_2']:.3f} | {hot:.2f}x |"
+        )
+    return "\n".join(lines) + "\n"
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rows", type=int, default=64)
+    parser.add_argument("--repeats", type=int, default=15)
+    parser.add_argument("--vocabulary", default="llama-bpe")
+    parser.add_argument("--output", type=Path, default=ROOT / "bench" / "results" / "batch.md")
+    arguments = parser.parse_args(argv)
+    path = fixture_path(arguments.vocabulary)
+    vocabulary = Vocabulary.from_gguf(path)
+    tokenizer, _ = load_tokenizer(path)
+    text = json.dumps(INSTANCE, separators=(",", ":"))
+    tokens = tokenizer.encode(text, add_special_tokens=False)
+    figures: dict[str, Any] = {
+        "formline": time_formline(vocabulary, tokens, arguments.rows, arguments.repeats),
+        "xgrammar": time_xgrammar(path, tokens, arguments.rows, arguments.repeats),
+    }
+    report = markdown(figures, arguments)
+    arguments.output.parent.mkdir(parents=True, exist_ok=True)
+    arguments.output.write_text(report)
+    print(report)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

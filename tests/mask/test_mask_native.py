@@ -1,0 +1,238 @@
+"""The native core: lazy kernel masks against the reference, the compiler object under threads,
+the batch fill, the byte-bounded caches and the disk store's eviction."""
+
+from __future__ import annotations
+
+import threading
+
+import numpy as np
+import pytest
+from helpers_mask import greedy_tokenize, synthetic_vocabulary
+
+from formline import GrammarCompiler
+from formline.grammar import Grammar
+from formline.mask import (
+    BatchGrammarMatcher,
+    CompileCache,
+    GrammarMatcher,
+    allocate_token_bitmask,
+    compile_grammar,
+    storage,
+)
+from formline.mask.reference import brute_force_allowed_ids
+from formline.parser.pushdown import ParserLimitError
+
+VOCABULARY = synthetic_vocabulary()
+
+# A called whitespace rule that can end at once: most tokens starting with a space leave it
+# part-way, so nearly every mask needs the escape leftovers checked against the stack below.
+ESCAPE_HEAVY = r"""
+root ::= "[" ws ( item ( ws "," ws item )* )? ws "]"
+item ::= "(" ws ( item ws )* ")" | /[a-z]+/ | "12" | "1"
+ws ::= [ ]*
+"""
+
+SCHEMAS = [
+    {
+        "type": "object",
+        "properties": {
+            "name": {"type": "string", "maxLength": 12},
+            "tags": {"type": "array", "items": {"enum": ["a", "ab", "b"]}, "maxItems": 3},
+            "size": {"type": "integer", "minimum": -5, "maximum": 120},
+        },
+        "required": ["name"],
+    },
+    {
+        "$defs": {
+            "node": {
+                "type": "object",
+                "properties": {
+                    "v": {"type": "number"},
+                    "kids": {"type": "array", "items": {"$ref": "#/$defs/node"}},
+                },
+                "required": ["v"],
+                "additionalProperties": False,
+            }
+        },
+        "$ref": "#/$defs/node",
+    },
+]
+
+
+def walk_and_compare(matcher: GrammarMatcher, rng: np.random.Generator, steps: int) -> int:
+    """Random walk: at each state the kernel's mask must equal the reference."""
+    checked = 0
+    for _ in range(steps):
+        allowed = matcher.allowed_token_ids()
+        np.testing.assert_array_equal(allowed, brute_force_allowed_ids(matcher))
+        checked += 1
+        if matcher.is_terminated() or not len(allowed):
+            break
+        assert matcher.accept_token(int(rng.choice(allowed)))
+    return checked
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_escape_heavy_grammar_masks_equal_the_reference(seed) -> None:
+    compiled = compile_grammar(Grammar.from_ebnf(ESCAPE_HEAVY), VOCABULARY, disk_cache=False)
+    assert walk_and_compare(GrammarMatcher(compiled), np.random.default_rng(seed), 25) >= 3
+    matcher = GrammarMatcher(compiled)
+    for token_id in greedy_tokenize(VOCABULARY, b"[ ab , ( x ( 12 ) ) ,1]"):
+        np.testing.assert_array_equal(matcher.allowed_token_ids(), brute_force_allowed_ids(matcher))
+        assert matcher.accept_token(token_id)
+    assert matcher.can_end()
+
+
+@pytest.mark.parametrize("schema_index", range(len(SCHEMAS)))
+def test_schema_masks_equal_the_reference_on_smollm2(smollm2_vocab, schema_index) -> None:
+    compiler = GrammarCompiler(smollm2_vocab, disk_cache=False)
+    compiled = compiler.compile_json_schema(SCHEMAS[schema_index])
+    rng = np.random.default_rng(schema_index)
+    checked = sum(walk_and_compare(compiled.matcher(), rng, 8) for _ in range(2))
+    assert checked >= 4
+
+
+def test_two_threads_compiling_different_schemas_agree_with_one(smollm2_vocab) -> None:
+    shared = GrammarCompiler(smollm2_vocab, disk_cache=False)
+    results: dict[int, object] = {}
+    errors: list[BaseException] = []
+
+    def compile_one(index: int) -> None:
+        try:
+            results[index] = shared.compile_json_schema(SCHEMAS[index])
+        except BaseException as error:  # reported below, not swallowed
+            errors.append(error)
+
+    threads = [threading.Thread(target=compile_one, args=(k,)) for k in range(len(SCHEMAS))]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=120)
+    assert not errors and len(results) == len(SCHEMAS)
+    alone = GrammarCompiler(smollm2_vocab, disk_cache=False)
+    for index, schema in enumerate(SCHEMAS):
+        parallel = results[index].compiled_grammar  # type: ignore[attr-defined]
+        single = alone.compile_json_schema(schema).compiled_grammar
+        np.testing.assert_array_equal(parallel.automaton.transitions, single.automaton.transitions)
+        one, other = GrammarMatcher(parallel), GrammarMatcher(single)
+        rng = np.random.default_rng(index)
+        for _ in range(10):
+            allowed = one.allowed_token_ids()
+            np.testing.assert_array_equal(allowed, other.allowed_token_ids())
+            if not len(allowed) or one.is_terminated():
+                break
+            token = int(rng.choice(allowed))
+            assert one.accept_token(token) and other.accept_token(token)
+
+
+def test_the_same_grammar_asked_by_many_threads_is_compiled_once() -> None:
+    cache = CompileCache(disk_cache=False)
+    grammar = Grammar.from_regex(r"[a-c]{2,9}(x|yz)+")
+    found: list[object] = []
+    threads = [
+        threading.Thread(target=lambda: found.append(cache.compile(grammar, VOCABULARY)))
+        for _ in range(8)
+    ]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=60)
+    assert len(found) == 8 and all(item is found[0] for item in found)
+
+
+def test_batch_fill_equals_one_matcher_at_a_time(smollm2_vocab) -> None:
+    compiled = GrammarCompiler(smollm2_vocab, disk_cache=False).compile_json_schema(SCHEMAS[0])
+    rng = np.random.default_rng(7)
+    matchers = []
+    for row in range(24):  # rows at different depths of different random walks
+        matcher = compiled.matcher()
+        for _ in range(row % 9):
+            allowed = matcher.allowed_token_ids()
+            if matcher.is_terminated() or not len(allowed):
+                break
+            assert matcher.accept_token(int(rng.choice(allowed)))
+        matchers.append(matcher)
+    compiled.compiled_grammar.clear_mask_cache()
+    batch = BatchGrammarMatcher(max_threads=2)
+    bitmask = allocate_token_bitmask(30, smollm2_vocab.size)
+    rows = list(range(29, 5, -1))  # indices out of order, rows 0-5 left as they were
+    batch.batch_fill_next_token_bitmask(matchers, bitmask, rows)
+    for matcher, row in zip(matchers, rows, strict=True):
+        expected = allocate_token_bitmask(1, smollm2_vocab.size)
+        matcher.fill_next_token_bitmask(expected)
+        np.testing.assert_array_equal(bitmask[row], expected[0])
+    assert (bitmask[:6] == -1).all()
+    with pytest.raises(ValueError, match="indices"):
+        batch.batch_fill_next_token_bitmask(matchers, bitmask, rows[:-1])
+    with pytest.raises(ValueError, match="outside"):
+        batch.batch_fill_next_token_bitmask(matchers[:1], bitmask, [30])
+    batch.close()
+
+
+def test_batch_fill_writes_a_cpu_torch_tensor_in_place(smollm2_vocab) -> None:
+    torch = pytest.importorskip(
+        "torch", reason="install torch==2.13.0 (the test extras' CPU build)"
+    )
+    compiled = GrammarCompiler(smollm2_vocab, disk_cache=False).compile_grammar(
+        Grammar.from_choices(["yes", "no", "maybe"])
+    )
+    matchers = [GrammarMatcher(compiled) for _ in range(3)]
+    assert matchers[1].accept_string("ma")
+    tensor = torch.zeros((3, compiled.words), dtype=torch.int32)
+    BatchGrammarMatcher(max_threads=2).batch_fill_next_token_bitmask(matchers, tensor)
+    for row, matcher in enumerate(matchers):
+        np.testing.assert_array_equal(
+            tensor[row].numpy(), matcher.next_token_mask_words().view(np.int32)
+        )
+
+
+def test_an_ambiguous_walk_past_the_stack_limit_is_a_parser_error() -> None:
+    # e and f have the same language: after n "(" there are 2^n stacks. The start state is
+    # fine; walking the 10-byte token from it needs 1,024 stacks, past the limit of 50.
+    grammar = Grammar.from_ebnf(
+        'root ::= e\ne ::= "(" e ")" | "(" f ")" | "x"\nf ::= "(" e ")" | "(" f ")" | "x"'
+    )
+    vocabulary = VOCABULARY.__class__.from_list([b"<eos>", b"x", b"(" * 10], eos_ids=[0])
+    compiled = compile_grammar(grammar, vocabulary, disk_cache=False, stack_limit=50)
+    with pytest.raises(ParserLimitError, match="more than 50 stacks"):
+        GrammarMatcher(compiled).allowed_token_ids()
+
+
+def test_the_memory_cache_is_bounded_in_bytes() -> None:
+    cache = CompileCache(cache_limit_bytes=100_000, disk_cache=False)
+    compiled = [
+        cache.compile(Grammar.from_regex(f"x{k}[a-z]{{1,30}}"), VOCABULARY) for k in range(8)
+    ]
+    for item in compiled:
+        GrammarMatcher(item).allowed_token_ids()  # masks grow the entries after they are stored
+    cache.compile(Grammar.from_regex("last[0-9]+"), VOCABULARY)
+    assert cache.memory_bytes() <= 100_000 + compiled[0].memory_bytes()
+    assert cache.compile(Grammar.from_regex("x0[a-z]{1,30}"), VOCABULARY) is not compiled[0]
+
+
+def test_the_disk_store_evicts_the_least_recently_used(tmp_path) -> None:
+    cache = CompileCache(disk_cache=tmp_path, disk_limit_bytes=10**9)
+    for k in range(5):
+        cache.compile(Grammar.from_regex(f"entry{k}[a-z]+"), VOCABULARY)
+    entries = sorted(tmp_path.glob(f"*{storage.SUFFIX}"))
+    assert len(entries) == 5
+    sizes = sorted(path.stat().st_size for path in entries)
+    storage.evict(tmp_path, sum(sizes[-2:]))
+    assert len(list(tmp_path.glob(f"*{storage.SUFFIX}"))) <= 2
+
+
+def test_serialized_grammars_round_trip_without_pickle() -> None:
+    cache = CompileCache(disk_cache=False)
+    compiled = cache.compile(Grammar.from_ebnf(ESCAPE_HEAVY), VOCABULARY)
+    data = storage.serialize(compiled)
+    assert b"pickle" not in data
+    again = storage.deserialize(data, VOCABULARY, cache.token_table(VOCABULARY))
+    one, other = GrammarMatcher(compiled), GrammarMatcher(again)
+    for token_id in greedy_tokenize(VOCABULARY, b"[(ab)]"):
+        np.testing.assert_array_equal(one.allowed_token_ids(), other.allowed_token_ids())
+        assert one.accept_token(token_id) and other.accept_token(token_id)
+    with pytest.raises(storage.StoredGrammarError, match="another vocabulary"):
+        other_vocabulary = synthetic_vocabulary().__class__.from_list(
+            [b"<eos>", b"a", b"b"], eos_ids=[0]
+        )
+        storage.deserialize(data, other_vocabulary, cache.token_table(other_vocabulary))
