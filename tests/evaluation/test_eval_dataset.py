@@ -11,7 +11,7 @@ from pathlib import Path
 
 from jsonschema import Draft202012Validator
 
-from formline.evaluation.cli import default_tasks
+from formline.evaluation.cli import _shown, default_tasks
 from formline.evaluation.dataset import extraction_dev_directory, extraction_dev_tasks
 from formline.evaluation.runner import load_tasks
 
@@ -27,6 +27,8 @@ def test_the_default_tasks_are_the_shipped_set() -> None:
     assert Counter(task["difficulty"] for task in tasks) == {"standard": 48, "hard": 24}
     for task in tasks:
         Draft202012Validator.check_schema(task["schema_json"])
+    # results name the shipped set by its place in the package, not by this machine's path
+    assert _shown(default_tasks()).startswith("formline/evaluation/data/extraction-dev/")
 
 
 def test_the_files_are_the_version_source_md_names() -> None:

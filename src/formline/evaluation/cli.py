@@ -28,6 +28,14 @@ def default_tasks() -> Path:
     return extraction_dev_tasks()
 
 
+def _shown(tasks_file: Path) -> str:
+    """The tasks file as the results name it: the shipped set by its place in the package
+    (not this machine's install path), any other file as given."""
+    if tasks_file.resolve() == extraction_dev_tasks().resolve():
+        return "formline/evaluation/data/extraction-dev/tasks.jsonl (shipped with formline)"
+    return str(tasks_file)
+
+
 def register(commands: Any) -> None:
     """Add the ``eval`` sub-command to an argparse sub-parsers object."""
     command = commands.add_parser("eval", help="free vs constrained decoding on a task set")
@@ -116,7 +124,7 @@ def _meta(
         "model": arguments.model or EMBEDDED_MODEL,
         "backend": arguments.backend,
         "threads": arguments.threads,
-        "tasks_file": str(tasks_file),
+        "tasks_file": _shown(tasks_file),
         "tasks": count,
         "max_tokens": arguments.max_tokens,
         "seconds": time.perf_counter() - started,
