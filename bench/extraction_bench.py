@@ -24,10 +24,11 @@ from pathlib import Path
 from typing import Any
 
 from bench.core_bench import machine_info
+from formline.evaluation.dataset import extraction_dev_directory
 from formline.evaluation.runner import is_valid, load_tasks
 
 ROOT = Path(__file__).resolve().parent.parent
-EXTRACTION = ROOT.parent / "shared" / "extraction-dev"
+EXTRACTION = extraction_dev_directory()
 MODES = ("free", "constrained", "repair")
 
 

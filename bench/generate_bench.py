@@ -29,12 +29,13 @@ from pathlib import Path
 from typing import Any
 
 from bench.core_bench import ROOT, machine_info
+from formline.evaluation.dataset import extraction_dev_directory
 from formline.evaluation.runner import load_tasks
 
 MODES = ("formline-free", "formline-nojf", "formline-jf", "llamacpp-grammar")
 # generate() options per formline mode; formline-jf is generate()'s default (jump_forward=True)
 MODE_OPTIONS = {"formline-free": {"free": True}, "formline-nojf": {"jump_forward": False}}
-DATA = ROOT.parent / "shared" / "extraction-dev"  # /work/shared/extraction-dev
+DATA = extraction_dev_directory()  # the set shipped with formline (its SOURCE.md)
 
 
 def score(task: dict[str, Any], value: Any) -> dict[str, bool]:

@@ -40,7 +40,8 @@ from bench.maskbench_engines import ENGINES, short, worker_main
 
 ALL_VOCABULARIES = ("llama-bpe", "smollm2")
 ALL_ENGINES = ("formline", "llguidance", "xgrammar")
-DATA_CANDIDATES = (Path("/work/shared/maskbench-dev"), ROOT.parent / "shared" / "maskbench-dev")
+# The repository's MaskBench sample (300 files, stratified over the subsets; its SOURCE.md).
+DATA = ROOT / "tests" / "data" / "maskbench"
 SETUP_TIMEOUT_S = 300.0
 
 
@@ -50,6 +51,12 @@ def subset_of(name: str) -> str:
     if "---" in stem:
         return stem.split("---", 1)[0]
     return re.sub(r"_\d+$", "", stem)
+
+
+def _shown(path: Path) -> str:
+    """``path`` relative to the repository when it is inside it (results carry no home)."""
+    resolved = path.resolve()
+    return str(resolved.relative_to(ROOT)) if resolved.is_relative_to(ROOT) else str(path)
 
 
 def select_files(directory: Path, sample: int, limit: int | None) -> list[Path]:
@@ -297,7 +304,9 @@ def parse_arguments(arguments: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(
         prog="python -m bench.maskbench", description=__doc__.split("\n\n")[0]
     )
-    parser.add_argument("--data", type=Path, default=None, help="folder of MaskBench files")
+    parser.add_argument(
+        "--data", type=Path, default=DATA, help="folder of MaskBench files (tests/data/maskbench)"
+    )
     parser.add_argument(
         "--vocabularies",
         type=lambda text: _names(text, ALL_VOCABULARIES, "vocabularies"),
@@ -325,10 +334,6 @@ def parse_arguments(arguments: list[str] | None) -> argparse.Namespace:
     options = parser.parse_args(arguments)
     if options.sample < 1 or (options.limit is not None and options.limit < 1):
         parser.error("--sample and --limit must be at least 1")
-    if options.data is None:
-        options.data = next((path for path in DATA_CANDIDATES if path.is_dir()), None)
-        if options.data is None:
-            parser.error("no MaskBench folder found; pass --data DIR")
     if not options.data.is_dir():
         parser.error(f"--data {options.data} is not a folder")
     if not any(options.data.glob("*.json")):
@@ -388,7 +393,7 @@ def main(arguments: list[str] | None = None) -> int:
                 }
     report = {
         "command": " ".join(["python -m bench.maskbench", *(arguments or sys.argv[1:])]),
-        "data": str(options.data),
+        "data": _shown(options.data),
         "files": len(files),
         "elapsed_s": time.perf_counter() - started,
         "machine": machine_info(),

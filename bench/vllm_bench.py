@@ -29,11 +29,12 @@ from typing import Any
 
 from bench.core_bench import ROOT, machine_info
 from bench.load_check import percentile
+from formline.evaluation.dataset import extraction_dev_directory
 
 ENGINES = ("unconstrained", "formline", "xgrammar", "guidance")
 SERVED = "smollm2"
 FORWARD_BUDGET_SECONDS = 0.020  # the reference forward pass
-DATA = ROOT.parent / "shared" / "extraction-dev"
+DATA = extraction_dev_directory()  # the set shipped with formline (its SOURCE.md)
 
 
 def server_options(engine: str) -> tuple[str, ...]:

@@ -23,7 +23,7 @@ from formline.vocab import Vocabulary
 from formline.vocab.fixtures import fixture_path
 
 # tests/with_vllm is a separate target: vLLM pins transformers<5.20, llguidance<1.8 and
-# xgrammar==0.2.8, so it runs in vLLM's own environment (python3 scripts/vllm_tests.py,
+# xgrammar==0.2.8, so it runs in vLLM's own environment (python3 scripts/vllm_env.py test,
 # which CI runs too). Where vLLM is importable, as there, the directory is collected.
 collect_ignore = [] if importlib.util.find_spec("vllm") is not None else ["with_vllm"]
 

@@ -15,7 +15,9 @@ from typing import Any
 
 import pytest
 
-llama_cpp = pytest.importorskip("llama_cpp")
+llama_cpp = pytest.importorskip(
+    "llama_cpp", reason="needs the llama extra: pip install -e '.[llama]'"
+)
 
 from formline.backends.base import BackendError, Sampling, default_model_path  # noqa: E402
 from formline.backends.llama_cpp import (  # noqa: E402

@@ -14,9 +14,10 @@ from typing import Any
 import pytest
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")  # local paths only: never reach a model hub
-pytest.importorskip("torch")
-pytest.importorskip("transformers")
-pytest.importorskip("accelerate")  # transformers needs it to load a GGUF file
+pytest.importorskip("torch", reason="needs torch: pip install torch==2.13.0")
+pytest.importorskip("transformers", reason="needs the hf extra: pip install -e '.[hf]'")
+# transformers needs accelerate to load a GGUF file
+pytest.importorskip("accelerate", reason="needs the hf extra: pip install -e '.[hf]'")
 
 from formline.backends import Sampling, default_model_path
 from formline.grammar import Grammar

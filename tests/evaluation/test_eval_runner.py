@@ -2,19 +2,18 @@
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Any
 
 import pytest
 
 from formline.backends.base import Generation, Sampling
+from formline.evaluation.dataset import extraction_dev_directory
 from formline.evaluation.runner import load_tasks, run_task, summarize_variant
 from formline.evaluation.variants import VARIANTS
 from formline.mask.matcher import GrammarMatcher
 from formline.vocab import Vocabulary
 
-EXTRACTION = Path(__file__).resolve().parents[3] / "shared" / "extraction-dev"
-pytestmark = pytest.mark.skipif(not EXTRACTION.exists(), reason="extraction-dev not found")
+EXTRACTION = extraction_dev_directory()
 RIGHT = '{"name":"Chiamaka Eze","age":29,"city":"Lagos"}'
 
 

@@ -4,12 +4,12 @@ one-shot example, and the variant list."""
 from __future__ import annotations
 
 import json
-from pathlib import Path
 from typing import Any
 
 import pytest
 from jsonschema import Draft202012Validator
 
+from formline.evaluation.dataset import extraction_dev_directory
 from formline.evaluation.variants import (
     DEFAULT_VARIANTS,
     VARIANTS,
@@ -22,9 +22,8 @@ from formline.evaluation.variants import (
     to_number,
 )
 
-EXTRACTION = Path(__file__).resolve().parents[3] / "shared" / "extraction-dev"
+EXTRACTION = extraction_dev_directory()
 SCHEMAS = ("person", "contract", "ticket", "invoice", "candidate", "router")
-pytestmark = pytest.mark.skipif(not EXTRACTION.exists(), reason="extraction-dev not found")
 
 
 def load_schema(name: str) -> dict[str, Any]:

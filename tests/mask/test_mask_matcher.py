@@ -119,7 +119,7 @@ def test_bitmask_fill_and_apply_numpy() -> None:
 
 
 def test_bitmask_apply_torch() -> None:
-    torch = pytest.importorskip("torch", reason="torch is an optional dependency")
+    torch = pytest.importorskip("torch", reason="needs torch: pip install torch==2.13.0")
     matcher = matcher_for(Grammar.from_regex(r"[ab]"))
     bitmask = torch.from_numpy(allocate_token_bitmask(1, VOCABULARY.size))
     matcher.fill_next_token_bitmask(bitmask)
@@ -133,7 +133,7 @@ def test_bitmask_apply_torch() -> None:
 def test_bitmask_apply_torch_rows_equal_numpy(seed: int) -> None:
     """The vectorised torch kernel (a vLLM batch) masks exactly what numpy masks, row by row:
     selected rows only, logits wider than the bitmask, a 1-D bfloat16 row."""
-    torch = pytest.importorskip("torch", reason="torch is an optional dependency")
+    torch = pytest.importorskip("torch", reason="needs torch: pip install torch==2.13.0")
     rng = np.random.default_rng(seed)
     batch, vocab = 5, 100 + seed * 7
     bitmask = rng.integers(-(2**31), 2**31, size=(batch, (vocab + 31) // 32), dtype=np.int64)

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import copy
 import json
-from pathlib import Path
 from typing import Any, Literal
 
 import pytest
@@ -17,6 +16,7 @@ from pydantic import BaseModel, Field, ValidationInfo, field_validator
 
 import formline
 from formline.backends.base import Generation, Sampling
+from formline.evaluation.dataset import extraction_dev_directory
 from formline.mask.matcher import GrammarMatcher
 from formline.pipeline.escape_hatches import (
     add_other_option,
@@ -36,7 +36,7 @@ from formline.pipeline.extract import (
 from formline.schema import SchemaError, compile_schema
 from formline.vocab import Vocabulary
 
-EXTRACTION = Path(__file__).resolve().parents[3] / "shared" / "extraction-dev"
+EXTRACTION = extraction_dev_directory()
 SOURCE = "Ada Lovelace, 36, lives in London."
 GOOD = '{"name":"Ada Lovelace","age":36,"city":"London"}'
 

@@ -7,16 +7,16 @@ Every constrained output must parse and validate against its schema (format chec
 from __future__ import annotations
 
 import json
-from pathlib import Path
 from typing import Any
 
 import pytest
 
 from formline.backends import load_backend
+from formline.evaluation.dataset import extraction_dev_directory
 from formline.pipeline.generate import Choice, Regex, TruncatedOutput, generate
 from formline.schema import compile_schema
 
-EXTRACTION = Path(__file__).resolve().parents[3] / "shared" / "extraction-dev"
+EXTRACTION = extraction_dev_directory()
 
 
 def tasks() -> list[dict[str, Any]]:

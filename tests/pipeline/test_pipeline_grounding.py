@@ -5,13 +5,13 @@ from __future__ import annotations
 import json
 import re
 from decimal import Decimal
-from pathlib import Path
 from typing import Any
 
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from formline.evaluation.dataset import extraction_dev_directory
 from formline.pipeline.grounding import (
     GroundingError,
     extract_numbers,
@@ -20,7 +20,7 @@ from formline.pipeline.grounding import (
     string_is_grounded,
 )
 
-EXTRACTION = Path(__file__).resolve().parents[3] / "shared" / "extraction-dev"
+EXTRACTION = extraction_dev_directory()
 
 SMALL = "zero one two three four five six seven eight nine ten eleven twelve thirteen fourteen"
 SMALL += " fifteen sixteen seventeen eighteen nineteen"
@@ -266,7 +266,6 @@ def test_ground_checks_a_bare_leaf_and_rejects_non_json_values() -> None:
         ground({"when": object()}, "text")
 
 
-@pytest.mark.skipif(not EXTRACTION.exists(), reason="the extraction-dev set is not checked out")
 def test_the_dev_golds_are_grounded_except_inferred_values() -> None:
     fields = {
         "person": ["name", "age", "city"],

@@ -11,14 +11,14 @@ import copy
 import json
 import math
 import unicodedata
-from pathlib import Path
 from typing import Any
 
 import pytest
 
+from formline.evaluation.dataset import extraction_dev_directory
 from formline.pipeline.scoring import SCORED_FIELDS, parse_output, score_task, summarize
 
-EXTRACTION = Path(__file__).resolve().parents[3] / "shared" / "extraction-dev"
+EXTRACTION = extraction_dev_directory()
 PLACEHOLDER = "PLACEHOLDER"
 
 PERSON = {"name": "Tomasz Wójcik", "age": 29, "city": "Kraków"}

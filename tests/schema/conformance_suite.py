@@ -26,7 +26,8 @@ from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parents[2]
-SUITE = ROOT.parent / "shared" / "json-schema-test-suite" / "tests"
+# The suite's copy in the repository (draft 2020-12 and draft 7; see its SOURCE.md).
+SUITE = ROOT / "tests" / "data" / "json-schema-test-suite" / "tests"
 BASELINE = Path(__file__).with_name("conformance_baseline.json")
 DRAFTS = {
     "draft2020-12": "https://json-schema.org/draft/2020-12/schema",

