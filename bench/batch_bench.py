@@ -21,8 +21,6 @@ import time
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-
 from bench.core_bench import load_tokenizer, machine_info
 from formline import GrammarCompiler
 from formline.mask import BatchGrammarMatcher, allocate_token_bitmask
@@ -68,7 +66,9 @@ def formline_rows(compiler: GrammarCompiler, tokens: list[int], rows: int) -> li
     return matchers
 
 
-def time_formline(vocabulary: Vocabulary, tokens: list[int], rows: int, repeats: int) -> dict[str, float]:
+def time_formline(
+    vocabulary: Vocabulary, tokens: list[int], rows: int, repeats: int
+) -> dict[str, float]:
     results: dict[str, float] = {}
     bitmask = allocate_token_bitmask(rows, vocabulary.size)
     for threads in (1, 2):
@@ -134,7 +134,8 @@ def markdown(figures: dict[str, Any], arguments: argparse.Namespace) -> str:
         f"{machine_info().get('cpus_usable', '')} cores. Median ms per fill of all "
         "rows; speed-up = 1 thread / 2 threads.",
         "",
-        "| engine | cold, 1 thread | cold, 2 threads | speed-up | hot, 1 thread | hot, 2 threads | speed-up |",
+        "| engine | cold, 1 thread | cold, 2 threads | speed-up "
+        "| hot, 1 thread | hot, 2 threads | speed-up |",
         "|---|---|---|---|---|---|---|",
     ]
     for engine, result in figures.items():

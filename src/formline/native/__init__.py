@@ -16,4 +16,11 @@ from formline.native._kernel import (
     trim_states,
 )
 
-__all__ = ["NativeMaskKernel", "NativeTokenTable", "copy_rows", "determinize", "refine_partition", "trim_states"]
+__all__ = [
+    "NativeMaskKernel",
+    "NativeTokenTable",
+    "copy_rows",
+    "determinize",
+    "refine_partition",
+    "trim_states",
+]
