@@ -21,8 +21,6 @@ import numpy as np
 from formline.mask.matcher import GrammarMatcher
 from formline.native import copy_rows
 
-MINIMUM_ROWS_PER_THREAD = 2  # rows that need a mask computed (a walk: 0.05-3 ms each)
-
 
 class BatchGrammarMatcher:
     """Fills and advances many matchers per step.
@@ -71,24 +69,29 @@ class BatchGrammarMatcher:
                 misses.append(position)
             else:
                 copy_rows(words.reshape(1, -1), target, rows[position : position + 1])
-        slices = self._slices(len(misses))
-        if len(slices) == 1:
-            _fill_rows([matchers[k] for k in misses], target, rows[misses])
-        elif slices:
-            futures = [
-                self._pool.submit(
-                    _fill_rows,
-                    [matchers[k] for k in misses[start:stop]],
-                    target,
-                    rows[misses[start:stop]],
-                )
-                for start, stop in slices
-            ]
-            for future in futures:
-                future.result()
+        self._walk_new_states([matchers[k] for k in misses])
+        _fill_rows([matchers[k] for k in misses], target, rows[misses])
         if device_tensor is not None:
             torch = sys.modules["torch"]
             device_tensor.copy_(torch.from_numpy(target))
+
+    def _walk_new_states(self, matchers: Sequence[GrammarMatcher]) -> None:
+        """Spread the states the rows need walked over the threads, each state once (rows
+        in one state would otherwise wait for each other's walk in lockstep)."""
+        work: dict[int, tuple[Any, set[int]]] = {}
+        for matcher in matchers:
+            states = matcher.unwalked_states()
+            if states:
+                work.setdefault(id(matcher.compiled), (matcher.compiled, set()))[1].update(states)
+        tasks = [(compiled, state) for compiled, states in work.values() for state in states]
+        threads = min(self.max_threads, len(tasks))
+        if threads <= 1:
+            for compiled, state in tasks:
+                compiled.walk_states([state])
+            return
+        futures = [self._pool.submit(_walk, tasks[start::threads]) for start in range(threads)]
+        for future in futures:
+            future.result()
 
     def batch_accept_token(
         self, matchers: Sequence[GrammarMatcher], token_ids: Sequence[int]
@@ -100,11 +103,6 @@ class BatchGrammarMatcher:
             matcher.accept_token(int(token))
             for matcher, token in zip(matchers, token_ids, strict=True)
         ]
-
-    def _slices(self, count: int) -> list[tuple[int, int]]:
-        threads = min(self.max_threads, max(1, count // MINIMUM_ROWS_PER_THREAD))
-        bounds = np.linspace(0, count, threads + 1).astype(int).tolist()
-        return [(bounds[k], bounds[k + 1]) for k in range(threads) if bounds[k + 1] > bounds[k]]
 
     def close(self) -> None:
         """Stop the worker threads."""
@@ -140,6 +138,11 @@ def _numpy_target(bitmask: Any) -> tuple[np.ndarray, Any]:
     if tensor.device.type == "cpu" and tensor.is_contiguous():
         return tensor.numpy(), None
     return np.ascontiguousarray(tensor.cpu().numpy()), tensor
+
+
+def _walk(tasks: list[tuple[Any, int]]) -> None:
+    for compiled, state in tasks:
+        compiled.walk_states([state])
 
 
 def _fill_rows(matchers: Sequence[GrammarMatcher], target: np.ndarray, rows: np.ndarray) -> None:

@@ -213,6 +213,24 @@ class CompiledGrammar:
             )
         return words
 
+    def unwalked_states(self, stacks: frozenset[Stack]) -> set[int]:
+        """The stack tops of a configuration whose trie walk has not run yet."""
+        return {stack[-1] for stack in stacks if not self.kernel.is_walked(stack[-1])}
+
+    def walk_states(self, states: list[int]) -> None:
+        """Run the trie walks of ``states`` now, GIL released (a batch spreads them over its
+        threads before computing the rows' masks).
+
+        Raises:
+            ParserLimitError: a walk needed more stacks than the automaton's limit.
+        """
+        status = self.kernel.walk_states(np.array(states, dtype=np.int32))
+        if status == STACK_LIMIT_EXCEEDED:
+            raise ParserLimitError(
+                f"a token walk needs more than {self.automaton.stack_limit} stacks: "
+                "the grammar is too ambiguous"
+            )
+
     def clear_mask_cache(self) -> None:
         """Forget the configuration masks (the kernel's per-state walks stay)."""
         with self._lock:

@@ -28,6 +28,8 @@ cdef extern from "kernel.hpp" namespace "formline" nogil:
     cdef cppclass MaskKernel:
         int fill(const int32_t* flat, int32_t flat_length, cpp_bool can_end, uint32_t* out)
         KernelStatistics statistics()
+        int walk_states(const int32_t* states, int32_t count)
+        cpp_bool is_walked(int32_t state)
 
     TokenTable* new_token_table(
         const uint8_t* data, int64_t data_length, const int64_t* offsets, const int32_t* lengths,
@@ -256,6 +258,20 @@ cdef class NativeMaskKernel:
         with nogil:
             status = self.kernel.fill(flat_pointer, length, can_end, &out[0])
         return status
+
+    def walk_states(self, const int32_t[::1] states):
+        """Walk the given states now (those not walked yet); returns 0 or
+        :data:`STACK_LIMIT_EXCEEDED`. The GIL is released."""
+        cdef int status
+        if states.shape[0] == 0:
+            return 0
+        with nogil:
+            status = self.kernel.walk_states(&states[0], states.shape[0])
+        return status
+
+    def is_walked(self, int state):
+        """Whether ``state``'s walk is cached."""
+        return self.kernel.is_walked(state)
 
     def statistics(self):
         """``dict`` of the walks so far: states walked, unique masks, escape entries and

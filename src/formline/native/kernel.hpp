@@ -378,6 +378,21 @@ class MaskKernel {
     return 0;
   }
 
+  // Walks the states not walked yet (a batch spreads its new states over threads first).
+  int walk_states(const int32_t* states, int32_t count) {
+    for (int32_t k = 0; k < count; ++k) {
+      int status = 0;
+      state_data(states[k], status);
+      if (status < 0) return status;
+    }
+    return 0;
+  }
+
+  bool is_walked(int32_t state) {
+    std::lock_guard<std::mutex> guard(mutex_);
+    return states_[state] != nullptr;
+  }
+
   KernelStatistics statistics() {
     std::lock_guard<std::mutex> guard(mutex_);
     KernelStatistics result = statistics_;

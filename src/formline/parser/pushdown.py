@@ -28,6 +28,7 @@ import numpy as np
 from formline.automata.dfa import DEFAULT_DFA_STATE_LIMIT, Dfa, determinize, minimize, trim
 from formline.automata.nfa import DEFAULT_NFA_STATE_LIMIT, build_nfa
 from formline.grammar.ir import Grammar, GrammarError, RuleReference, walk
+from formline.native import trim_states
 
 Stack = tuple[int, ...]
 BASE = -1  # bottom marker for walks that start in an unknown context
@@ -295,22 +296,25 @@ def _productive_rules(dfas: dict[str, Dfa]) -> set[str]:
 
 def _reaches_acceptance(dfa: Dfa, productive: set[str]) -> bool:
     """Whether an accepting state is reachable from the start through byte edges and calls
-    to productive rules. Costs O(states x 256) in the worst case."""
-    seen = {0}
-    pending = [0]
-    accepting = dfa.accepting
-    readable = dfa.transitions >= 0
-    while pending:
-        state = pending.pop()
-        if accepting[state]:
-            return True
-        targets = set(dfa.transitions[state][readable[state]].tolist())
-        targets.update(target for rule, target in dfa.calls[state] if rule in productive)
-        for target in targets:
-            if target not in seen:
-                seen.add(target)
-                pending.append(target)
-    return False
+    to productive rules: the native search of trimming (the Python one took 0.5 s of a 5.6 s
+    compile of a 9,605-state MaskBench schema). Costs O(states x 256)."""
+    edges = [
+        (source, target)
+        for source, state_calls in enumerate(dfa.calls)
+        for rule, target in state_calls
+        if rule in productive
+    ]
+    live = np.zeros(dfa.size, dtype=np.uint8)
+    reachable = np.zeros(dfa.size, dtype=np.uint8)
+    trim_states(
+        np.ascontiguousarray(dfa.transitions, dtype=np.int32),
+        np.array([source for source, _ in edges], dtype=np.int32),
+        np.array([target for _, target in edges], dtype=np.int32),
+        dfa.accepting.astype(np.uint8),
+        live,
+        reachable,
+    )
+    return bool(live[0])
 
 
 def _nullable_rules(dfas: dict[str, Dfa]) -> set[str]:
