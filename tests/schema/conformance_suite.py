@@ -134,6 +134,35 @@ def summary(outcomes: dict[str, str]) -> Counter[str]:
     )
 
 
+def compare_with_baseline(outcomes: dict[str, str], baseline_path: Path, update: str) -> None:
+    """Fail on a regression (a baseline pass that no longer passes), then on any other change
+    (an improvement too, until ``update`` rewrites the baseline)."""
+    baseline = json.loads(baseline_path.read_text())
+    regressions = {
+        key: (baseline.get(key), outcome)
+        for key, outcome in outcomes.items()
+        if baseline.get(key) == PASS and outcome != PASS
+    }
+    assert not regressions, f"{len(regressions)} regressions: {list(regressions.items())[:10]}"
+    changed = {
+        key for key in outcomes.keys() | baseline.keys() if outcomes.get(key) != baseline.get(key)
+    }
+    assert not changed, (
+        f"{len(changed)} outcomes differ from the baseline (improvements?): "
+        f"{sorted(changed)[:10]}; run {update}"
+    )
+
+
+def report_and_update(outcomes: dict[str, str], baseline_path: Path, arguments: list[str]) -> int:
+    """Print the outcome counts; with ``--update`` write them as the new baseline."""
+    for outcome, count in sorted(summary(outcomes).items()):
+        print(f"{count:6d}  {outcome}")
+    if "--update" in arguments:
+        baseline_path.write_text(json.dumps(outcomes, indent=0, sort_keys=True) + "\n")
+        print(f"wrote {baseline_path}")
+    return 0
+
+
 def default_runner() -> Runner:
     from transformers import AutoTokenizer
 
@@ -147,13 +176,7 @@ def default_runner() -> Runner:
 
 def main(arguments: list[str]) -> int:
     sys.path.insert(0, str(ROOT / "src"))
-    outcomes = run_suite(default_runner())
-    for outcome, count in sorted(summary(outcomes).items()):
-        print(f"{count:6d}  {outcome}")
-    if "--update" in arguments:
-        BASELINE.write_text(json.dumps(outcomes, indent=0, sort_keys=True) + "\n")
-        print(f"wrote {BASELINE}")
-    return 0
+    return report_and_update(run_suite(default_runner()), BASELINE, arguments)
 
 
 if __name__ == "__main__":

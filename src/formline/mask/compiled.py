@@ -206,11 +206,7 @@ class CompiledGrammar:
             flat.extend(stack)
         words = np.empty(self.words, dtype=np.uint32)
         status = self.kernel.fill(np.array(flat, dtype=np.int32), can_end, words)
-        if status == STACK_LIMIT_EXCEEDED:
-            raise ParserLimitError(
-                f"a token walk needs more than {self.automaton.stack_limit} stacks: "
-                "the grammar is too ambiguous"
-            )
+        self._check(status)
         return words
 
     def unwalked_states(self, stacks: frozenset[Stack]) -> set[int]:
@@ -225,6 +221,9 @@ class CompiledGrammar:
             ParserLimitError: a walk needed more stacks than the automaton's limit.
         """
         status = self.kernel.walk_states(np.array(states, dtype=np.int32))
+        self._check(status)
+
+    def _check(self, status: int) -> None:
         if status == STACK_LIMIT_EXCEEDED:
             raise ParserLimitError(
                 f"a token walk needs more than {self.automaton.stack_limit} stacks: "

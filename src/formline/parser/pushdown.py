@@ -5,9 +5,10 @@ its caller, so a regex, a choice or a non-recursive JSON schema compiles to ONE 
 and the parser degenerates to a table walk with a single stack. Only rules in a recursion
 cycle keep their own DFA and are entered through *call edges*; a parser configuration is then
 a small set of stacks of DFA states (GLR-style, like XGrammar's persistent-stack PDA), and
-every stack top has a precomputed token mask (see :mod:`formline.mask.compiled`). An Earley
+every stack top has a token mask computed once per state (see :mod:`formline.mask.compiled`).
+An Earley
 parser (llguidance's choice) would also handle left recursion and ambiguity gracefully, but
-its items do not map onto precomputed per-state masks as directly, and in pure Python each
+its items do not map onto per-state masks as directly, and in pure Python each
 Earley step allocates items where a DFA step here is one table lookup per stack.
 Left recursion is refused at compile time, as llama.cpp does; ambiguity is bounded by
 ``stack_limit`` (a clear error, never a hang).
@@ -25,10 +26,16 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from formline.automata.dfa import DEFAULT_DFA_STATE_LIMIT, Dfa, determinize, minimize, trim
+from formline.automata.dfa import (
+    DEFAULT_DFA_STATE_LIMIT,
+    Dfa,
+    determinize,
+    live_states,
+    minimize,
+    trim,
+)
 from formline.automata.nfa import DEFAULT_NFA_STATE_LIMIT, build_nfa
 from formline.grammar.ir import Grammar, GrammarError, RuleReference, walk
-from formline.native import trim_states
 
 Stack = tuple[int, ...]
 BASE = -1  # bottom marker for walks that start in an unknown context
@@ -298,22 +305,7 @@ def _reaches_acceptance(dfa: Dfa, productive: set[str]) -> bool:
     """Whether an accepting state is reachable from the start through byte edges and calls
     to productive rules: the native search of trimming (the Python one took 0.5 s of a 5.6 s
     compile of a 9,605-state MaskBench schema). Costs O(states x 256)."""
-    edges = [
-        (source, target)
-        for source, state_calls in enumerate(dfa.calls)
-        for rule, target in state_calls
-        if rule in productive
-    ]
-    live = np.zeros(dfa.size, dtype=np.uint8)
-    reachable = np.zeros(dfa.size, dtype=np.uint8)
-    trim_states(
-        np.ascontiguousarray(dfa.transitions, dtype=np.int32),
-        np.array([source for source, _ in edges], dtype=np.int32),
-        np.array([target for _, target in edges], dtype=np.int32),
-        dfa.accepting.astype(np.uint8),
-        live,
-        reachable,
-    )
+    live, _ = live_states(dfa, productive)
     return bool(live[0])
 
 
