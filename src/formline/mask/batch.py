@@ -1,10 +1,9 @@
-"""Masks of a whole batch at once: rows split over a thread pool, native work without the GIL.
+"""Masks of a whole batch at once: new states walked on a thread pool without the GIL.
 
-XGrammar's ``BatchGrammarMatcher`` and llguidance's parallel fill in one shape. Each worker
-takes a contiguous slice of the rows; for each row it looks up the matcher's cached mask or
-computes it (the kernel's trie walks and escape checks release the GIL), then copies the words
-into the bitmask natively (GIL released). Only the per-row lookup holds the GIL, so cold
-masks (new states: walks of milliseconds) scale with the cores and cached ones cost a copy.
+XGrammar's ``BatchGrammarMatcher`` and llguidance's parallel fill in one shape. Rows whose
+mask is cached are copied at once (natively, GIL released). For the others, the automaton
+states their masks still need are collected, each state once, and walked on the pool (the
+kernel's trie walks release the GIL); then those rows are filled from the walks.
 """
 
 from __future__ import annotations
@@ -59,9 +58,8 @@ class BatchGrammarMatcher:
         target, device_tensor = _numpy_target(bitmask)
         if len(rows) and (rows.min() < 0 or rows.max() >= target.shape[0]):
             raise ValueError(f"a row index is outside the bitmask's {target.shape[0]} rows")
-        # Cached rows are copied here at once; only the rows whose masks need computing go
-        # to the pool (a hand-off costs more than a cached row: 0.5 ms for 64 cached rows on
-        # one thread, 0.85 ms on two, bench/results/batch.md).
+        # Cached rows are copied here at once (3.5 µs a row, bench/results/batch.md: a hand-off
+        # to a thread costs more); only the new states' walks go to the pool.
         misses: list[int] = []
         for position, matcher in enumerate(matchers):
             words = matcher.cached_mask_words()
