@@ -144,6 +144,6 @@ def _walk(tasks: list[tuple[Any, int]]) -> None:
 
 
 def _fill_rows(matchers: Sequence[GrammarMatcher], target: np.ndarray, rows: np.ndarray) -> None:
-    words = [matcher.next_token_mask_words() for matcher in matchers]
-    for row, row_words in zip(rows.tolist(), words, strict=True):
-        copy_rows(row_words.reshape(1, -1), target, np.array([row], dtype=np.int64))
+    for position, matcher in enumerate(matchers):
+        words = matcher.next_token_mask_words()
+        copy_rows(words.reshape(1, -1), target, rows[position : position + 1])

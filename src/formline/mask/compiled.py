@@ -175,16 +175,13 @@ class CompiledGrammar:
         (each top's first use walks the token trie once, GIL released, about 1-5 ms for a
         JSON string state on 128k tokens) plus the escape checks against the stacks below.
         """
-        key = (stacks, can_end)
-        with self._lock:
-            cached = self._mask_cache.get(key)
-            if cached is not None:
-                self._mask_cache.move_to_end(key)
-                return cached
+        cached = self.cached_mask(stacks, can_end)
+        if cached is not None:
+            return cached
         words = self.compute_mask(stacks, can_end)
         words.setflags(write=False)
         with self._lock:
-            self._mask_cache[key] = words
+            self._mask_cache[(stacks, can_end)] = words
             if len(self._mask_cache) > self._mask_cache_entries:
                 self._mask_cache.popitem(last=False)
         return words
