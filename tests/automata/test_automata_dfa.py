@@ -51,7 +51,7 @@ def test_dfa_state_limit_is_an_error_in_bounded_time() -> None:
 
 
 def test_nfa_state_limit_is_an_error() -> None:
-    with pytest.raises(AutomatonLimitError, match="more than 1000 NFA states"):
+    with pytest.raises(AutomatonLimitError, match="more than the limit of 1,000"):
         nfa_of("(abc){500}", state_limit=1000)
 
 

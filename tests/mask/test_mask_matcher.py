@@ -11,6 +11,7 @@ from helpers_mask import greedy_tokenize, synthetic_vocabulary
 
 from formline.automata import AutomatonLimitError
 from formline.grammar import Grammar
+from formline.grammar.budget import CompileBudget
 from formline.mask import (
     GrammarMatcher,
     TokenError,
@@ -201,7 +202,7 @@ def test_state_limit_is_an_error_in_bounded_time() -> None:
             Grammar.from_regex(r"(a|b)*a(a|b){20}"),
             VOCABULARY,
             disk_cache=False,
-            dfa_state_limit=2000,
+            budget=CompileBudget(dfa_states=2000),
         )
     assert time.perf_counter() - started < 30  # generous: a hang would take forever
 

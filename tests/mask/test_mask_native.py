@@ -11,6 +11,7 @@ from helpers_mask import greedy_tokenize, synthetic_vocabulary
 
 from formline import GrammarCompiler
 from formline.grammar import Grammar
+from formline.grammar.budget import CompileBudget
 from formline.mask import (
     BatchGrammarMatcher,
     CompileCache,
@@ -188,14 +189,25 @@ def test_batch_fill_writes_a_cpu_torch_tensor_in_place(smollm2_vocab) -> None:
 
 def test_an_ambiguous_walk_past_the_stack_limit_is_a_parser_error() -> None:
     # e and f have the same language: after n "(" there are 2^n stacks. The start state is
-    # fine; walking the 10-byte token from it needs 1,024 stacks, past the limit of 50.
+    # fine; walking the 10-byte token from it needs 1,024 stacks, past the limit of 50. The
+    # compile walks the first mask (to refuse a vocabulary that cannot begin), so it fails
+    # there; a matcher that reaches such a state later fails the same way in its step.
     grammar = Grammar.from_ebnf(
         'root ::= e\ne ::= "(" e ")" | "(" f ")" | "x"\nf ::= "(" e ")" | "(" f ")" | "x"'
     )
     vocabulary = VOCABULARY.__class__.from_list([b"<eos>", b"x", b"(" * 10], eos_ids=[0])
-    compiled = compile_grammar(grammar, vocabulary, disk_cache=False, stack_limit=50)
     with pytest.raises(ParserLimitError, match="more than 50 stacks"):
-        GrammarMatcher(compiled).allowed_token_ids()
+        compile_grammar(grammar, vocabulary, disk_cache=False, budget=CompileBudget(stacks=50))
+    # The same grammar behind one "y": the start is fine, the ambiguous state comes after.
+    later = Grammar.from_ebnf(
+        'root ::= "y" e\ne ::= "(" e ")" | "(" f ")" | "x"\nf ::= "(" e ")" | "(" f ")" | "x"'
+    )
+    vocabulary = VOCABULARY.__class__.from_list([b"<eos>", b"x", b"y", b"(" * 10], eos_ids=[0])
+    compiled = compile_grammar(later, vocabulary, disk_cache=False, budget=CompileBudget(stacks=50))
+    matcher = GrammarMatcher(compiled)
+    assert matcher.accept_token(2)
+    with pytest.raises(ParserLimitError, match="more than 50 stacks"):
+        matcher.allowed_token_ids()
 
 
 def test_the_memory_cache_is_bounded_in_bytes() -> None:

@@ -17,11 +17,10 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from formline.automata.nfa import AutomatonLimitError, Nfa
+from formline.grammar.budget import DEFAULT_DFA_STATE_LIMIT
 from formline.native import determinize as native_determinize
 from formline.native import refine_partition as native_refine_partition
 from formline.native import trim_states
-
-DEFAULT_DFA_STATE_LIMIT = 20_000
 
 
 @dataclass
@@ -111,7 +110,9 @@ def determinize(nfa: Nfa, state_limit: int = DEFAULT_DFA_STATE_LIMIT) -> Dfa:
     if result is None:
         raise AutomatonLimitError(
             f"the automaton needs more than {state_limit} DFA states "
-            "(a pattern such as (a|b)*a(a|b){20} grows exponentially)"
+            "(a pattern such as (a|b)*a(a|b){20} grows exponentially)",
+            "dfa_states",
+            state_limit,
         )
     classes, class_count, rows, accepting, begin, rule_column, target_column, states = result
     class_table = np.frombuffer(rows, dtype=np.int32).reshape(states, class_count)
@@ -186,7 +187,9 @@ def determinize_reference(nfa: Nfa, state_limit: int = DEFAULT_DFA_STATE_LIMIT) 
                 if len(subsets) >= state_limit:
                     raise AutomatonLimitError(
                         f"the automaton needs more than {state_limit} DFA states "
-                        "(a pattern such as (a|b)*a(a|b){20} grows exponentially)"
+                        "(a pattern such as (a|b)*a(a|b){20} grows exponentially)",
+                        "dfa_states",
+                        state_limit,
                     )
                 found = index_of[closure] = len(subsets)
                 subsets.append(closure)

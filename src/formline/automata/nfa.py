@@ -12,6 +12,13 @@ import sys
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from formline.grammar.budget import (
+    CHECK_EVERY_STATES,
+    DEFAULT_NFA_STATE_LIMIT,
+    CompileLimitError,
+    Deadline,
+    no_deadline,
+)
 from formline.grammar.ir import (
     ByteSet,
     Choice,
@@ -21,12 +28,11 @@ from formline.grammar.ir import (
     Repeat,
     RuleReference,
     Sequence,
+    expanded_size,
 )
 
-DEFAULT_NFA_STATE_LIMIT = 500_000
 
-
-class AutomatonLimitError(GrammarError):
+class AutomatonLimitError(CompileLimitError):
     """An automaton would exceed its configured state limit (a blow-up, reported not hung)."""
 
 
@@ -35,6 +41,7 @@ class Nfa:
     """A mutable NFA. States are ints; ``start`` and ``accept`` are set by :func:`build_nfa`."""
 
     state_limit: int = DEFAULT_NFA_STATE_LIMIT
+    deadline: Deadline = field(default_factory=no_deadline)
     byte_edges: list[list[tuple[tuple[tuple[int, int], ...], int]]] = field(default_factory=list)
     epsilon_edges: list[list[int]] = field(default_factory=list)
     call_edges: list[list[tuple[str, int]]] = field(default_factory=list)
@@ -42,11 +49,16 @@ class Nfa:
     accept: int = 0
 
     def new_state(self) -> int:
-        if len(self.byte_edges) >= self.state_limit:
+        count = len(self.byte_edges)
+        if count >= self.state_limit:
             raise AutomatonLimitError(
                 f"the grammar needs more than {self.state_limit} NFA states "
-                "(large repetition counts or a very large grammar); raise the limit or simplify"
+                "(large repetition counts or a very large grammar); raise the limit or simplify",
+                "nfa_states",
+                self.state_limit,
             )
+        if count % CHECK_EVERY_STATES == 0:
+            self.deadline.check(f"building an automaton ({count} NFA states so far)")
         self.byte_edges.append([])
         self.epsilon_edges.append([])
         self.call_edges.append([])
@@ -62,14 +74,28 @@ def build_nfa(
     resolve: Callable[[str], Node],
     is_call: Callable[[str], bool],
     state_limit: int = DEFAULT_NFA_STATE_LIMIT,
+    deadline: Deadline | None = None,
 ) -> Nfa:
     """Build the NFA of ``body``; references are inlined via ``resolve`` unless ``is_call``.
 
     Raises:
         AutomatonLimitError: more than ``state_limit`` states would be needed.
-    Costs O(size of the expanded tree).
+        CompileLimitError: ``deadline`` passed while building.
+    Costs O(size of the expanded tree), bounded by ``state_limit``.
     """
-    nfa = Nfa(state_limit=state_limit)
+    # The unrolled size is known before anything is built: (a{1000}){1000} used to build
+    # 500,000 states (4 s) before the limit stopped it. References count once here; an
+    # inlined rule's share is still bounded by the state counter below.
+    estimate = expanded_size(body)
+    if estimate > state_limit:
+        raise AutomatonLimitError(
+            f"the grammar needs about {estimate:,} NFA states, more than the limit of "
+            f"{state_limit:,} (large repetition counts or a very large grammar); simplify it "
+            "or give the compile a larger budget",
+            "nfa_states",
+            state_limit,
+        )
+    nfa = Nfa(state_limit=state_limit, deadline=deadline or no_deadline())
     nfa.start = nfa.new_state()
     nfa.accept = nfa.new_state()
     builder = _Builder(nfa, resolve, is_call)

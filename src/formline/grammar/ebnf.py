@@ -32,7 +32,7 @@ from formline.grammar.ir import (
     RuleReference,
     Sequence,
 )
-from formline.grammar.regex import MAX_REPEAT, parse_regex
+from formline.grammar.regex import MAX_GROUP_DEPTH, MAX_REPEAT, parse_regex
 from formline.grammar.utf8 import CodePointRanges, code_points_to_node, complement, normalize
 
 _NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_\-]*")
@@ -50,7 +50,10 @@ def parse_ebnf(text: str, allow_regex: bool = True) -> dict[str, Node]:
             the error carries the character position (and line and column in the message).
     Costs O(len(text)).
     """
-    return _EbnfParser(text, allow_regex).parse()
+    try:
+        return _EbnfParser(text, allow_regex).parse()
+    except RecursionError:  # a caller already deep in the stack; the depth cap is the rule
+        raise GrammarError("grammar: the text is nested too deeply to parse") from None
 
 
 class _EbnfParser:
@@ -58,6 +61,7 @@ class _EbnfParser:
         self.text = text
         self.allow_regex = allow_regex
         self.position = 0
+        self.depth = 0  # parentheses open (see MAX_GROUP_DEPTH)
 
     def error(self, message: str, position: int | None = None) -> GrammarError:
         where = self.position if position is None else position
@@ -168,7 +172,11 @@ class _EbnfParser:
             return code_points_to_node(complement([]))
         if character == "(":
             self.position += 1
+            self.depth += 1
+            if self.depth > MAX_GROUP_DEPTH:
+                raise self.error(f"parentheses nested more than {MAX_GROUP_DEPTH} deep", start)
             node = self.parse_alternation(nested=True)
+            self.depth -= 1
             self.skip_space()
             if self.peek() != ")":
                 raise self.error("missing ')'", start)

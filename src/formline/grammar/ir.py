@@ -15,6 +15,7 @@ from __future__ import annotations
 import hashlib
 from collections.abc import Iterator
 from dataclasses import dataclass, field
+from typing import Any
 
 
 class GrammarError(ValueError):
@@ -39,77 +40,164 @@ class GrammarError(ValueError):
 
 
 class Node:
-    """Base class of grammar IR nodes (immutable, hashable)."""
+    """Base class of grammar IR nodes (immutable, hashable).
+
+    Schema compilers share subtrees (an array's item appears in its first and its repeated
+    position), so an IR is a DAG whose tree can be exponentially larger: 20 nested arrays
+    are 2^20 tree nodes over 60 distinct ones. Everything here is therefore linear in the
+    *distinct* nodes: the hash is computed once at construction from the children's cached
+    hashes, :func:`walk` visits a shared node once, and :meth:`Grammar.fingerprint` numbers
+    nodes instead of printing the tree (a printed tree also recursed once per level: a
+    ``minimum`` of 1e150 overflowed the stack).
+    """
 
     __slots__ = ()
 
     def children(self) -> tuple[Node, ...]:
         return ()
 
+    def label(self) -> str:
+        """This node's own fields, without its children (part of the fingerprint)."""
+        return type(self).__name__
 
-@dataclass(frozen=True, slots=True)
-class ByteSet(Node):
+
+def _cache_hash(node: Node, fields: tuple[object, ...]) -> None:
+    # The children's hashes are cached already, so this costs O(children), not O(subtree).
+    object.__setattr__(node, "_hash", hash((type(node).__name__, fields)))
+
+
+class _Hashed:
+    """Equality and hashing for IR nodes: the cached hash first, then the fields."""
+
+    __slots__ = ()
+
+    def fields(self) -> tuple[object, ...]:
+        raise NotImplementedError
+
+    def __hash__(self) -> int:
+        return self._hash  # type: ignore[attr-defined]
+
+    def __eq__(self, other: object) -> bool:
+        if self is other:
+            return True
+        if type(other) is not type(self) or hash(other) != hash(self):
+            return False
+        return self.fields() == other.fields()
+
+
+@dataclass(frozen=True, slots=True, eq=False)
+class ByteSet(_Hashed, Node):
     """One byte from a union of inclusive ranges, e.g. ``((0x30, 0x39),)`` for a digit."""
 
     ranges: tuple[tuple[int, int], ...]
+    _hash: int = field(default=0, init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         for low, high in self.ranges:
             if not 0 <= low <= high <= 255:
                 raise GrammarError(f"invalid byte range {low}-{high}")
+        _cache_hash(self, self.fields())
+
+    def fields(self) -> tuple[object, ...]:
+        return (self.ranges,)
+
+    def label(self) -> str:
+        return f"ByteSet{self.ranges}"
 
     def contains(self, value: int) -> bool:
         return any(low <= value <= high for low, high in self.ranges)
 
 
-@dataclass(frozen=True, slots=True)
-class Literal(Node):
+@dataclass(frozen=True, slots=True, eq=False)
+class Literal(_Hashed, Node):
     """An exact byte string (possibly empty: the empty string matches only itself)."""
 
     value: bytes
+    _hash: int = field(default=0, init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        _cache_hash(self, self.fields())
+
+    def fields(self) -> tuple[object, ...]:
+        return (self.value,)
+
+    def label(self) -> str:
+        return f"Literal{self.value!r}"
 
 
-@dataclass(frozen=True, slots=True)
-class Sequence(Node):
+@dataclass(frozen=True, slots=True, eq=False)
+class Sequence(_Hashed, Node):
     """Items one after another."""
 
     items: tuple[Node, ...]
+    _hash: int = field(default=0, init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        _cache_hash(self, self.fields())
+
+    def fields(self) -> tuple[object, ...]:
+        return (self.items,)
 
     def children(self) -> tuple[Node, ...]:
         return self.items
 
 
-@dataclass(frozen=True, slots=True)
-class Choice(Node):
+@dataclass(frozen=True, slots=True, eq=False)
+class Choice(_Hashed, Node):
     """Any one of the options."""
 
     options: tuple[Node, ...]
+    _hash: int = field(default=0, init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        _cache_hash(self, self.fields())
+
+    def fields(self) -> tuple[object, ...]:
+        return (self.options,)
 
     def children(self) -> tuple[Node, ...]:
         return self.options
 
 
-@dataclass(frozen=True, slots=True)
-class Repeat(Node):
+@dataclass(frozen=True, slots=True, eq=False)
+class Repeat(_Hashed, Node):
     """``item`` repeated between ``minimum`` and ``maximum`` times (``None``: unbounded)."""
 
     item: Node
     minimum: int = 0
     maximum: int | None = None
+    _hash: int = field(default=0, init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         if self.minimum < 0 or (self.maximum is not None and self.maximum < self.minimum):
             raise GrammarError(f"invalid repetition bounds {{{self.minimum},{self.maximum}}}")
+        _cache_hash(self, self.fields())
+
+    def fields(self) -> tuple[object, ...]:
+        return (self.item, self.minimum, self.maximum)
+
+    def label(self) -> str:
+        return f"Repeat{{{self.minimum},{self.maximum}}}"
 
     def children(self) -> tuple[Node, ...]:
         return (self.item,)
 
 
-@dataclass(frozen=True, slots=True)
-class RuleReference(Node):
+@dataclass(frozen=True, slots=True, eq=False)
+class RuleReference(_Hashed, Node):
     """A reference to another rule of the same grammar, by name."""
 
     name: str
+    _hash: int = field(default=0, init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        _cache_hash(self, self.fields())
+
+    def fields(self) -> tuple[object, ...]:
+        return (self.name,)
+
+    def label(self) -> str:
+        return f"RuleReference{self.name!r}"
 
 
 EMPTY = Literal(b"")
@@ -121,12 +209,63 @@ def optional(node: Node) -> Node:
 
 
 def walk(node: Node) -> Iterator[Node]:
-    """All nodes of a tree, depth first (iterative: deep trees do not hit the recursion limit)."""
+    """Each distinct node under ``node`` once, depth first. Iterative (deep trees do not hit
+    the recursion limit), and a subtree shared by several parents is visited once (by
+    identity), so the cost is O(distinct nodes), not O(tree)."""
     pending = [node]
+    seen: set[int] = set()
     while pending:
         current = pending.pop()
+        if id(current) in seen:
+            continue
+        seen.add(id(current))
         yield current
         pending.extend(current.children())
+
+
+def expanded_size(node: Node) -> int:
+    """About how many automaton states ``node`` unrolls to: a bounded repetition counts its
+    item once per allowed repetition (``{0,255}`` of a character is 255 characters). Costs
+    O(IR nodes) (iterative, post-order)."""
+    sizes: dict[int, int] = {}
+    pending: list[tuple[Node, bool]] = [(node, False)]
+    while pending:
+        current, expanded = pending.pop()
+        if id(current) in sizes:
+            continue
+        children = current.children()
+        if not expanded and children:
+            pending.append((current, True))
+            pending.extend((child, False) for child in children)
+            continue
+        total = sum(sizes[id(child)] for child in children)
+        if isinstance(current, Literal):
+            total = len(current.value)
+        elif isinstance(current, Repeat):
+            total *= max(current.maximum or current.minimum, 1)
+        sizes[id(current)] = max(total, 1)
+    return sizes[id(node)]
+
+
+def fingerprint_nodes(digest: Any, root: Node, numbers: dict[int, int]) -> int:
+    """Feed ``root``'s DAG into ``digest`` as numbered lines ``n = label(children's
+    numbers)``, post-order, each distinct node once (``numbers``: node id → its number,
+    shared across the rules of one grammar). Returns the root's number. O(distinct nodes)."""
+    pending: list[tuple[Node, bool]] = [(root, False)]
+    while pending:
+        current, expanded = pending.pop()
+        if id(current) in numbers:
+            continue
+        children = current.children()
+        if not expanded and children:
+            pending.append((current, True))
+            pending.extend((child, False) for child in children if id(child) not in numbers)
+            continue
+        number = len(numbers)
+        numbers[id(current)] = number
+        arguments = ",".join(str(numbers[id(child)]) for child in children)
+        digest.update(f"{number}={current.label()}({arguments})\n".encode())
+    return numbers[id(root)]
 
 
 @dataclass(frozen=True)
@@ -163,8 +302,10 @@ class Grammar:
         """A stable hash of the rules (the cache key of compiled grammars). Costs O(size)."""
         digest = hashlib.sha256()
         digest.update(self.start.encode())
+        numbers: dict[int, int] = {}
         for name in sorted(self.rules):
-            digest.update(b"\x00" + name.encode() + b"\x01" + repr(self.rules[name]).encode())
+            root = fingerprint_nodes(digest, self.rules[name], numbers)
+            digest.update(b"\x00" + name.encode() + b"\x01" + str(root).encode())
         for name in sorted(self.called_rules):
             digest.update(b"\x02" + name.encode())
         return digest.hexdigest()

@@ -39,6 +39,10 @@ SPACE: CodePointRanges = [(0x09, 0x0D), (0x20, 0x20)]
 CLASS_ESCAPES = {"d": DIGIT, "w": WORD, "s": SPACE}
 SIMPLE_ESCAPES = {"n": "\n", "t": "\t", "r": "\r", "f": "\f", "v": "\v", "0": "\0", "a": "\a"}
 MAX_REPEAT = 100_000  # a bound such as {0,1000000} is refused: the automaton would not fit.
+# Groups nested deeper are refused. The parser recurses five frames per level, and a schema's
+# pattern is parsed inside the schema compiler's own recursion (up to 64 levels): 200 nested
+# groups overflowed Python's stack. Patterns seen in MaskBench nest at most 6 deep.
+MAX_GROUP_DEPTH = 50
 
 
 def parse_regex(pattern: str) -> Node:
@@ -48,7 +52,10 @@ def parse_regex(pattern: str) -> Node:
         GrammarError: malformed or unsupported syntax, with the character position.
     Costs O(len(pattern)).
     """
-    return RegexParser(pattern).parse()
+    try:
+        return RegexParser(pattern).parse()
+    except RecursionError:  # a caller already deep in the stack; the depth cap is the rule
+        raise GrammarError("regex: the pattern is nested too deeply to parse") from None
 
 
 class RegexBranch(NamedTuple):
@@ -219,6 +226,8 @@ class RegexParser:
             self.position += 1
             self.parse_group_prefix(start)
         self.depth += 1
+        if self.depth > MAX_GROUP_DEPTH:
+            raise self.error(f"groups nested more than {MAX_GROUP_DEPTH} deep", start)
         node = self.parse_alternation()
         self.depth -= 1
         if self.peek() != ")":

@@ -17,6 +17,7 @@ from typing import Any
 
 import numpy as np
 
+from formline.mask.bitmask import words_for
 from formline.mask.matcher import GrammarMatcher
 from formline.native import copy_rows
 
@@ -58,6 +59,11 @@ class BatchGrammarMatcher:
         target, device_tensor = _numpy_target(bitmask)
         if len(rows) and (rows.min() < 0 or rows.max() >= target.shape[0]):
             raise ValueError(f"a row index is outside the bitmask's {target.shape[0]} rows")
+        needed = max((words_for(m.compiled.vocabulary_size) for m in matchers), default=0)
+        if target.shape[1] < needed:
+            raise ValueError(
+                f"the bitmask's rows have {target.shape[1]} words; the vocabulary needs {needed}"
+            )
         # Cached rows are copied here at once (3.5 µs a row, bench/results/batch.md: a hand-off
         # to a thread costs more); only the new states' walks go to the pool.
         misses: list[int] = []

@@ -19,6 +19,24 @@ def words_for(vocabulary_size: int) -> int:
     return (vocabulary_size + 31) // 32
 
 
+def check_bitmask(shape: tuple[int, ...], dtype: str, index: int, words: int) -> None:
+    """Raise ``ValueError`` unless a buffer of ``shape`` and ``dtype`` has a row ``index``
+    of at least ``words`` int32 words (wider rows are fine: a model's logits are often
+    padded past its tokenizer's vocabulary). Costs nothing measurable."""
+    if dtype != "int32":
+        raise ValueError(f"the bitmask must be int32 (allocate_token_bitmask), not {dtype}")
+    if len(shape) not in (1, 2):
+        raise ValueError(f"the bitmask must have 1 or 2 dimensions, not shape {shape}")
+    rows = shape[0] if len(shape) == 2 else 1
+    if isinstance(index, bool) or not isinstance(index, int) or not 0 <= index < rows:
+        raise ValueError(f"row {index!r} is not one of the bitmask's {rows} rows")
+    if shape[-1] < words:
+        raise ValueError(
+            f"the bitmask's rows have {shape[-1]} words; this vocabulary needs {words} "
+            "(allocate_token_bitmask(batch, vocabulary_size) makes one)"
+        )
+
+
 def allocate_token_bitmask(batch_size: int, vocabulary_size: int) -> np.ndarray:
     """A ``(batch_size, ceil(vocabulary_size/32))`` int32 array with every token allowed.
 

@@ -19,13 +19,12 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, TypeVar
 
-from formline.automata.dfa import DEFAULT_DFA_STATE_LIMIT
-from formline.automata.nfa import DEFAULT_NFA_STATE_LIMIT
-from formline.grammar.ir import Grammar
+from formline.grammar.budget import CompileBudget, Deadline
+from formline.grammar.ir import Grammar, GrammarError
 from formline.mask import storage
 from formline.mask.compiled import CompiledGrammar, CompileStatistics, token_table
 from formline.native import NativeTokenTable
-from formline.parser.pushdown import DEFAULT_STACK_LIMIT, build_pushdown
+from formline.parser.pushdown import build_pushdown
 from formline.vocab import Vocabulary
 
 CACHE_FORMAT_VERSION = "2"
@@ -121,22 +120,28 @@ class CompileCache:
         self,
         grammar: Grammar,
         vocabulary: Vocabulary,
-        limits: tuple[int, int, int] = (
-            DEFAULT_NFA_STATE_LIMIT,
-            DEFAULT_DFA_STATE_LIMIT,
-            DEFAULT_STACK_LIMIT,
-        ),
+        budget: CompileBudget | None = None,
+        deadline: Deadline | None = None,
     ) -> CompiledGrammar:
-        """``grammar`` bound to ``vocabulary``: see :func:`compile_grammar`."""
+        """``grammar`` bound to ``vocabulary``: see :func:`compile_grammar`. ``deadline``:
+        one already running for a larger compile (a schema's), else ``budget`` starts one."""
+        budget = budget or CompileBudget()
+        limits = budget.state_limits()
         key = cache_key(grammar, vocabulary, limits)
+        running = deadline or budget.start()
         return self.memoize(
             ("grammar", key),
-            lambda: self._build(grammar, vocabulary, limits, key),
+            lambda: self._build(grammar, vocabulary, limits, key, running),
             CompiledGrammar.memory_bytes,
         )
 
     def _build(
-        self, grammar: Grammar, vocabulary: Vocabulary, limits: tuple[int, int, int], key: str
+        self,
+        grammar: Grammar,
+        vocabulary: Vocabulary,
+        limits: tuple[int, int, int],
+        key: str,
+        deadline: Deadline,
     ) -> CompiledGrammar:
         started = time.perf_counter()
         table = self.token_table(vocabulary)
@@ -144,10 +149,12 @@ class CompileCache:
         compiled = storage.load(directory, key, vocabulary, table) if directory else None
         if compiled is not None:
             compiled.compile_statistics.seconds = time.perf_counter() - started
+            check_first_mask(compiled)
             return compiled
-        automaton = build_pushdown(grammar, *limits)
+        automaton = build_pushdown(grammar, *limits, deadline=deadline)
         statistics = CompileStatistics(seconds=time.perf_counter() - started, states=automaton.size)
         compiled = CompiledGrammar(automaton, vocabulary, table, key, statistics)
+        check_first_mask(compiled)
         if directory:
             storage.store(directory, compiled, self.disk_limit_bytes)
         return compiled
@@ -207,9 +214,7 @@ def compile_grammar(
     vocabulary: Vocabulary,
     *,
     disk_cache: bool | str | os.PathLike[str] = True,
-    nfa_state_limit: int = DEFAULT_NFA_STATE_LIMIT,
-    dfa_state_limit: int = DEFAULT_DFA_STATE_LIMIT,
-    stack_limit: int = DEFAULT_STACK_LIMIT,
+    budget: CompileBudget | None = None,
     cache: CompileCache | None = None,
 ) -> CompiledGrammar:
     """Compile ``grammar`` for ``vocabulary``: its automaton; masks come lazily.
@@ -217,16 +222,46 @@ def compile_grammar(
     Args:
         disk_cache: ``True`` for the default directory, a path for another, ``False`` for none
             (ignored when ``cache`` is given: the cache has its own setting).
+        budget: time and state limits of this compile (default :class:`CompileBudget()`:
+            10 s, 500k NFA and 20k DFA states per rule).
         cache: the :class:`CompileCache` to use (default: the process-wide one).
 
     Raises:
         GrammarError: the grammar is invalid (left recursion, matches nothing, ...).
-        AutomatonLimitError: an automaton exceeds its state limit (raised in bounded time).
+        CompileLimitError: past a limit of ``budget`` (``AutomatonLimitError`` for a state
+            limit), raised within about the budget's time.
+        TypeError: ``grammar`` is not a :class:`Grammar` or ``vocabulary`` not a
+            :class:`Vocabulary`.
     Costs the automaton build (determinise, trim, minimise: milliseconds for most schemas);
     a cached grammar costs a dictionary lookup, or one file read from the disk store.
     """
+    if not isinstance(grammar, Grammar):
+        raise TypeError(f"compile_grammar needs a Grammar, not {type(grammar).__name__}")
+    check_vocabulary(vocabulary)
     chosen = cache if cache is not None else default_cache(disk_cache)
-    return chosen.compile(grammar, vocabulary, (nfa_state_limit, dfa_state_limit, stack_limit))
+    return chosen.compile(grammar, vocabulary, budget)
+
+
+def check_first_mask(compiled: CompiledGrammar) -> None:
+    """Raise ``GrammarError`` when no token of the vocabulary can begin an output (a
+    vocabulary without a ``"`` token under a string schema): the matcher could never take
+    a step, nor end. Costs the first mask's walk, which the first step needs anyway."""
+    stacks, can_end = compiled.automaton.initial()
+    if not compiled.mask_words(stacks, can_end).any():
+        raise GrammarError(
+            "no token of this vocabulary can begin the grammar's output (its first mask "
+            "is empty): decoding could never start"
+        )
+
+
+def check_vocabulary(vocabulary: object) -> None:
+    """Raise ``TypeError`` unless ``vocabulary`` is a :class:`Vocabulary` (a ``None`` used to
+    fail later as "'NoneType' object has no attribute 'fingerprint'")."""
+    if not isinstance(vocabulary, Vocabulary):
+        raise TypeError(
+            f"expected a formline Vocabulary (Vocabulary.from_gguf, from_huggingface, ...), "
+            f"not {type(vocabulary).__name__}"
+        )
 
 
 def clear_memory_cache() -> None:

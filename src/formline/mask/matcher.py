@@ -12,6 +12,7 @@ from typing import Any
 
 import numpy as np
 
+from formline.mask.bitmask import check_bitmask
 from formline.mask.compiled import CompiledGrammar
 from formline.parser.pushdown import Stack
 
@@ -153,23 +154,30 @@ class GrammarMatcher:
         tensor of the same shape. Words beyond the vocabulary are zeroed. Returns ``True`` (the
         mask must be applied), matching XGrammar's signature.
         Costs a cached lookup plus a copy of ceil(V/32) words (about 4,700 for Qwen2).
+
+        Raises:
+            ValueError: the buffer is not int32, not 1- or 2-dimensional, has fewer words
+                per row than ceil(V/32) (a short row used to be filled in part, silently),
+                or ``index`` is not one of its rows.
+            TypeError: neither a numpy array nor a torch tensor.
         """
         words = self.next_token_mask_words().view(np.int32)
         if isinstance(bitmask, np.ndarray):
+            check_bitmask(bitmask.shape, str(bitmask.dtype), index, words.shape[0])
             row = bitmask[index] if bitmask.ndim == 2 else bitmask
-            count = min(row.shape[0], words.shape[0])
-            row[:count] = words[:count]
-            row[count:] = 0
+            row[: words.shape[0]] = words
+            row[words.shape[0] :] = 0
             return True
         torch = sys.modules.get("torch")
         if torch is None or not isinstance(bitmask, torch.Tensor):
             raise TypeError(
                 f"bitmask must be a numpy array or a torch tensor, got {type(bitmask).__name__}"
             )
+        dtype = str(bitmask.dtype).removeprefix("torch.")
+        check_bitmask(tuple(bitmask.shape), dtype, index, words.shape[0])
         row = bitmask[index] if bitmask.dim() == 2 else bitmask
-        count = min(row.shape[0], words.shape[0])
-        row[:count].copy_(torch.from_numpy(words[:count].copy()))
-        row[count:] = 0
+        row[: words.shape[0]].copy_(torch.from_numpy(words.copy()))
+        row[words.shape[0] :] = 0
         return True
 
     def allowed_token_ids(self) -> np.ndarray:

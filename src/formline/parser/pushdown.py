@@ -26,20 +26,19 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from formline.automata.dfa import (
+from formline.automata.dfa import Dfa, determinize, live_states, minimize, trim
+from formline.automata.nfa import build_nfa
+from formline.grammar.budget import (
     DEFAULT_DFA_STATE_LIMIT,
-    Dfa,
-    determinize,
-    live_states,
-    minimize,
-    trim,
+    DEFAULT_NFA_STATE_LIMIT,
+    DEFAULT_STACK_LIMIT,
+    Deadline,
+    no_deadline,
 )
-from formline.automata.nfa import DEFAULT_NFA_STATE_LIMIT, build_nfa
 from formline.grammar.ir import Grammar, GrammarError, RuleReference, walk
 
 Stack = tuple[int, ...]
 BASE = -1  # bottom marker for walks that start in an unknown context
-DEFAULT_STACK_LIMIT = 10_000
 
 
 class ParserLimitError(GrammarError):
@@ -185,6 +184,7 @@ def build_pushdown(
     nfa_state_limit: int = DEFAULT_NFA_STATE_LIMIT,
     dfa_state_limit: int = DEFAULT_DFA_STATE_LIMIT,
     stack_limit: int = DEFAULT_STACK_LIMIT,
+    deadline: Deadline | None = None,
 ) -> PushdownAutomaton:
     """Compile a grammar: inline non-recursive rules, one minimised DFA per recursive rule
     (and per rule named in ``grammar.called_rules``).
@@ -192,10 +192,12 @@ def build_pushdown(
     Raises:
         GrammarError: left recursion, or a grammar (or start rule) that matches nothing.
         AutomatonLimitError: an automaton over its state limit.
+        CompileLimitError: ``deadline`` passed (checked per rule and inside the NFA build).
     Costs O(DFA states x 256) after determinisation, which is bounded by the limits.
     """
+    deadline = deadline or no_deadline()
     called = _recursive_rules(grammar) | grammar.called_rules
-    dfas = _rule_dfas(grammar, called, nfa_state_limit, dfa_state_limit)
+    dfas = _rule_dfas(grammar, called, nfa_state_limit, dfa_state_limit, deadline)
     productive = _productive_rules(dfas)
     if grammar.start not in productive:
         raise GrammarError(
@@ -204,6 +206,7 @@ def build_pushdown(
     trimmed: dict[str, Dfa] = {}
     for name, dfa in dfas.items():
         if name in productive:
+            deadline.check(f"minimising the automaton of rule {name!r}")
             result = trim(dfa, productive)
             assert result is not None
             trimmed[name] = minimize(result)
@@ -259,7 +262,7 @@ def _recursive_rules(grammar: Grammar) -> set[str]:
 
 
 def _rule_dfas(
-    grammar: Grammar, called: set[str], nfa_limit: int, dfa_limit: int
+    grammar: Grammar, called: set[str], nfa_limit: int, dfa_limit: int, deadline: Deadline
 ) -> dict[str, Dfa]:
     dfas: dict[str, Dfa] = {}
     pending = [grammar.start]
@@ -267,8 +270,13 @@ def _rule_dfas(
         name = pending.pop()
         if name in dfas:
             continue
+        deadline.check(f"building the automaton of rule {name!r}")
         nfa = build_nfa(
-            grammar.rules[name], grammar.rules.__getitem__, called.__contains__, nfa_limit
+            grammar.rules[name],
+            grammar.rules.__getitem__,
+            called.__contains__,
+            nfa_limit,
+            deadline,
         )
         dfas[name] = determinize(nfa, dfa_limit)
         for state_calls in dfas[name].calls:

@@ -13,9 +13,12 @@ import os
 from dataclasses import dataclass, field
 from typing import Any
 
+from referencing.exceptions import Unresolvable
+
+from formline.grammar.budget import CompileBudget, CompileLimitError, Deadline
 from formline.grammar.ir import Grammar, GrammarError
 from formline.mask.compiled import CompiledGrammar
-from formline.mask.compiler import CompileCache, compile_grammar, default_cache
+from formline.mask.compiler import CompileCache, check_vocabulary, default_cache
 from formline.mask.matcher import GrammarMatcher
 from formline.schema.compiler import (
     SchemaOptions,
@@ -51,10 +54,15 @@ class CompiledSchema:
         """
         if self._validator is None:
             self._validator = _validator(self.schema)
-        return [
-            f"{error.message} (at {'/' + '/'.join(str(p) for p in error.absolute_path)})"
-            for error in self._validator.iter_errors(instance)
-        ]
+        try:
+            return [
+                f"{error.message} (at {'/' + '/'.join(str(p) for p in error.absolute_path)})"
+                for error in self._validator.iter_errors(instance)
+            ]
+        except Unresolvable as error:  # jsonschema wraps its reference errors in it
+            # A reference the validator cannot follow ($dynamicRef to a missing anchor):
+            # the value is not known to be valid, so it is reported, never passed.
+            return [f"the after-check could not run: {error}"]
 
     def serialize(self, instance: Any) -> str:
         """The compact JSON text of ``instance`` as the grammar writes it: object keys in
@@ -110,25 +118,33 @@ def schema_to_grammar(
     on_unsupported: str = "error",
     max_string_length: int | None = None,
     cache: CompileCache | None = None,
+    budget: CompileBudget | None = None,
+    deadline: Deadline | None = None,
 ) -> tuple[Grammar, SchemaReport]:
     """The tokenizer-free grammar of a schema, and the report of every keyword.
 
     Raises:
         SchemaError: not a valid JSON Schema, a ``$ref`` that does not resolve, an
-            unsupported keyword (unless ``on_unsupported`` says otherwise), or a schema too
-            deep or too big; the message names the keyword and the JSON pointer.
+            unsupported keyword (unless ``on_unsupported`` says otherwise), a schema too
+            deep or too big, or one past a limit of ``budget`` (time, or a counted
+            repetition too large to unroll); the message names the keyword and the JSON
+            pointer.
+        ValueError: an unknown ``on_unsupported`` or a negative ``max_string_length``.
     Costs milliseconds for typical schemas; cached in memory by the schema's text (in
     ``cache``, default the process-wide :class:`~formline.mask.compiler.CompileCache`).
     """
     schema = schema_of(source)
     options = SchemaOptions(whitespace, on_unsupported, max_string_length)
+    # Before anything recurses over the schema (json.dumps below does): 1,000 nested
+    # objects overflowed the stack in the cache key.
+    check_nesting(schema, 2 * options.max_depth)
     # Key order matters: property order is part of the grammar (no sort_keys).
     key = json.dumps([schema, repr(options)], default=str)
+    running = deadline or (budget or CompileBudget()).start()
 
     def build() -> tuple[Grammar, SchemaReport]:
-        check_nesting(schema, 2 * options.max_depth)
         _check_schema(schema)
-        return compile_to_grammar(schema, options)
+        return compile_to_grammar(schema, options, running)
 
     chosen = cache if cache is not None else default_cache()
     # Sized by the key's text: a grammar's nodes take a few times its schema's bytes.
@@ -144,6 +160,7 @@ def compile_schema(
     max_string_length: int | None = None,
     disk_cache: bool | str | os.PathLike[str] = True,
     cache: CompileCache | None = None,
+    budget: CompileBudget | None = None,
 ) -> CompiledSchema:
     """Compile a JSON Schema or Pydantic model for ``vocabulary``.
 
@@ -154,24 +171,36 @@ def compile_schema(
         disk_cache: as for :func:`formline.mask.compile_grammar`.
         cache: the :class:`~formline.mask.compiler.CompileCache` that keeps the grammar and
             the compiled grammar (default: the process-wide one for ``disk_cache``).
+        budget: time and state limits for the whole compile, grammar and automata
+            (default :class:`~formline.grammar.budget.CompileBudget()`, 10 s).
 
     Raises:
         SchemaError: see :func:`schema_to_grammar`; also when the schema's automaton is over
-            the state limits (raised in bounded time).
+            a limit of ``budget`` (raised in bounded time; ``error.limit`` names it).
+        TypeError: ``vocabulary`` is not a :class:`~formline.vocab.Vocabulary`.
+        ValueError: see :func:`schema_to_grammar`.
     Costs the grammar plus the automaton of :func:`~formline.mask.compile_grammar`
     (milliseconds for most schemas; masks come lazily); both are cached.
     """
+    check_vocabulary(vocabulary)
     schema = schema_of(source)
     chosen = cache if cache is not None else default_cache(disk_cache)
+    budget = budget or CompileBudget()
+    deadline = budget.start()
     grammar, report = schema_to_grammar(
         schema,
         whitespace=whitespace,
         on_unsupported=on_unsupported,
         max_string_length=max_string_length,
         cache=chosen,
+        deadline=deadline,
     )
     try:
-        compiled = compile_grammar(grammar, vocabulary, cache=chosen)
+        compiled = chosen.compile(grammar, vocabulary, budget, deadline)
+    except CompileLimitError as error:
+        raise SchemaError(
+            f"the schema's grammar is over a compile limit: {error}", limit=error.limit
+        ) from error
     except GrammarError as error:
         raise SchemaError(f"the schema's grammar cannot be compiled: {error}") from error
     options = SchemaOptions(whitespace, on_unsupported, max_string_length)

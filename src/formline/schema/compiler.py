@@ -18,18 +18,18 @@ from referencing import Resource
 from referencing.exceptions import Unresolvable
 from referencing.jsonschema import DRAFT7, DRAFT202012
 
-from formline.grammar.ir import Grammar, GrammarError, Literal, Node, RuleReference
+from formline.grammar.budget import CompileLimitError, Deadline, no_deadline
+from formline.grammar.ir import Grammar, GrammarError, Literal, Node, RuleReference, expanded_size
 from formline.schema.json_text import (
     ANY_VALUE_RULE,
     NOTHING,
     JsonText,
     choice,
     compact_json,
-    expanded_size,
     is_nothing,
 )
 from formline.schema.merge import ALL_TYPE_KEYWORDS, Schema, as_object, merge, type_set
-from formline.schema.report import SchemaError, SchemaReport
+from formline.schema.report import SchemaError, SchemaReport, escape_pointer
 
 ANNOTATIONS = frozenset(
     {
@@ -76,6 +76,9 @@ UNSUPPORTED = frozenset(("$dynamicRef", "$dynamicAnchor", "$recursiveRef", "$rec
 HANDLED = frozenset(
     {"type", "enum", "const", "$ref", "allOf", "anyOf", "oneOf", "nullable"} | ALL_TYPE_KEYWORDS
 )
+MAX_INTEGER_DIGITS = 4_000  # under Python's str() limit of 4,300
+MAX_INTEGER_BITS = 13_287  # 2**13287 has 4,000 digits
+DRAFT2020_URIS = ("json-schema.org/draft/2020-12/", "json-schema.org/draft/2019-09/")
 DRAFT7_URIS = ("draft-07", "draft-06", "draft-04", "draft-03")
 ON_UNSUPPORTED = ("error", "check_after", "ignore")
 
@@ -99,19 +102,34 @@ class SchemaOptions:
     on_unsupported: str = "error"
     max_string_length: int | None = None
     max_depth: int = 64
-    max_enum_bytes: int = 1_000_000
+    # An enum's literals are about one NFA state a byte, built at ~12 µs a state in Python:
+    # 250 kB compiles in about 3 s; 1 MB failed at the 500k-state limit after 6 s.
+    max_enum_bytes: int = 250_000
+
+    def __post_init__(self) -> None:
+        if self.on_unsupported not in ON_UNSUPPORTED:
+            raise ValueError(
+                f"on_unsupported must be one of {ON_UNSUPPORTED}, not {self.on_unsupported!r}"
+            )
+        for name in ("whitespace", "max_string_length"):
+            value = getattr(self, name)
+            if value is not None and (
+                isinstance(value, bool) or not isinstance(value, int) or value < 0
+            ):
+                raise ValueError(f"{name} must be None or a non-negative integer, not {value!r}")
 
 
 class SchemaCompiler:
     """Compiles one root schema; :meth:`grammar` returns the grammar, ``report`` the lists."""
 
-    def __init__(self, schema: Any, options: SchemaOptions):
-        if options.on_unsupported not in ON_UNSUPPORTED:
-            raise ValueError(f"on_unsupported must be one of {ON_UNSUPPORTED}")
+    def __init__(self, schema: Any, options: SchemaOptions, deadline: Deadline | None = None):
         self.options = options
+        self.deadline = deadline or no_deadline()
+        self.pointer = ""  # the schema object being compiled (for a limit's error)
         self.root = as_object(schema, "")
         check_nesting(self.root, 2 * options.max_depth)
         self.resolver, self.specification, self.is_draft7 = root_resolver(self.root)
+        self._check_draft()
         validator = Draft7Validator if self.is_draft7 else Draft202012Validator
         self.format_checker = validator.FORMAT_CHECKER
         self.text = JsonText(options.whitespace)
@@ -122,6 +140,18 @@ class SchemaCompiler:
         self.uses_any_value = False
         self.forced_called: set[str] = set()
         self._describe_settings()
+
+    def _check_draft(self) -> None:
+        """An unknown ``$schema`` is refused (or, unless unsupported keywords are errors,
+        reported and read as draft 2020-12): it used to be read as 2020-12 without a word."""
+        uri = self.root.get("$schema")
+        if uri is None or self.is_draft7:
+            return
+        if isinstance(uri, str) and any(marker in uri for marker in DRAFT2020_URIS):
+            return
+        self.unsupported(
+            "$schema", "", f"unknown $schema {uri!r} (known: drafts 3 to 7, 2019-09, 2020-12)"
+        )
 
     def _describe_settings(self) -> None:
         settings = self.report.settings
@@ -178,6 +208,8 @@ class SchemaCompiler:
         """The IR of every JSON text valid under ``schema`` (or a superset, reported)."""
         if depth > self.options.max_depth:
             raise SchemaError(f"schema nested deeper than {self.options.max_depth}", pointer)
+        self.pointer = pointer
+        self.deadline.check(f"compiling the schema at {pointer or '/'}")
         if schema is True or schema == {}:
             return self.any_value()
         schema = as_object(schema, pointer)
@@ -339,17 +371,26 @@ class SchemaCompiler:
 
 def check_nesting(root: Any, limit: int) -> None:
     """Refuse JSON nested deeper than ``limit`` before anything recurses into it (the
-    ``referencing`` crawl and the compiler recurse per level: 200 levels overflowed)."""
+    ``referencing`` crawl and the compiler recurse per level: 200 levels overflowed), and
+    integers too long to print (Python refuses ``str()`` of more than 4,300 digits, so such
+    a bound used to fail as a bare ``ValueError`` in the cache key). Iterative; O(size)."""
     pending = [(root, 0, "")]
     while pending:
         node, depth, pointer = pending.pop()
         if depth > limit:
             raise SchemaError(f"schema nested deeper than {limit} JSON levels", pointer)
         if isinstance(node, dict):
-            pending.extend((value, depth + 1, f"{pointer}/{key}") for key, value in node.items())
+            pending.extend(
+                (value, depth + 1, f"{pointer}/{escape_pointer(str(key))}")
+                for key, value in node.items()
+            )
         elif isinstance(node, list):
             pending.extend(
                 (value, depth + 1, f"{pointer}/{index}") for index, value in enumerate(node)
+            )
+        elif isinstance(node, int) and node.bit_length() > MAX_INTEGER_BITS:
+            raise SchemaError(
+                f"an integer of more than {MAX_INTEGER_DIGITS:,} digits", pointer or "/"
             )
 
 
@@ -426,15 +467,19 @@ def _node_count(node: Node) -> int:
     return expanded_size(node)
 
 
-def compile_to_grammar(schema: Any, options: SchemaOptions) -> tuple[Grammar, SchemaReport]:
+def compile_to_grammar(
+    schema: Any, options: SchemaOptions, deadline: Deadline | None = None
+) -> tuple[Grammar, SchemaReport]:
     """The grammar and report of ``schema``.
 
     Raises:
-        SchemaError: see :meth:`SchemaCompiler.grammar`.
+        SchemaError: see :meth:`SchemaCompiler.grammar`; past ``deadline`` too.
     """
-    compiler = SchemaCompiler(schema, options)
+    compiler = SchemaCompiler(schema, options, deadline)
     try:
         grammar = compiler.grammar()
+    except CompileLimitError as error:
+        raise SchemaError(str(error), compiler.pointer, limit=error.limit) from error
     except GrammarError as error:
         raise SchemaError(f"grammar construction failed: {error}", "") from error
     return grammar, compiler.report

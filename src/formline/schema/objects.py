@@ -14,12 +14,11 @@ from __future__ import annotations
 import re
 from typing import TYPE_CHECKING, Any
 
-from formline.grammar.ir import EMPTY, GrammarError, Literal, Node, RuleReference
+from formline.grammar.ir import EMPTY, GrammarError, Literal, Node, RuleReference, expanded_size
 from formline.schema.json_text import (
     NOTHING,
     choice,
     compact_json,
-    expanded_size,
     is_nothing,
     optional,
     sequence,
@@ -27,7 +26,7 @@ from formline.schema.json_text import (
 )
 from formline.schema.merge import Schema, as_object, merge
 from formline.schema.patterns import pattern_node
-from formline.schema.report import SchemaError
+from formline.schema.report import SchemaError, escape_pointer
 from formline.schema.values import _count, _repeated
 
 if TYPE_CHECKING:
@@ -40,11 +39,6 @@ INLINE_BUDGET_NODES = 3_000  # IR nodes of the fully inlined member automaton
 SHARED_MEMBER_NODES = 2_000
 CHAIN_CUT = 64
 State = tuple[int, int]
-
-
-def escape_pointer(name: str) -> str:
-    """A property name as a JSON pointer segment (RFC 6901)."""
-    return name.replace("~", "~0").replace("/", "~1")
 
 
 def object_value(
@@ -82,18 +76,22 @@ class _Members:
         self.declared: list[tuple[str, Node, bool]] = []
         self.names: list[str] = []  # every name handled as declared, written or not
         self.unsatisfiable = False
+        self.counted = 1
 
     def build(self) -> Node:
         self._record()
         self._declare()
         if self.unsatisfiable:
             return NOTHING
+        # Members written so far never exceed the declared ones: maxProperties 1e9 used to
+        # loop over 1e9 counts here.
+        self.counted = min(self.cap, len(self.declared)) + 1
         extra = self._extra_member()
         counts = self._reachable()
         inline = self._inline_size(counts, extra) <= INLINE_BUDGET_NODES
         nodes: dict[State, Node] = {}
         for index in range(len(self.declared), -1, -1):
-            for written in range(self.cap + 1):
+            for written in range(self.counted):
                 if (index, written) in counts:
                     node = self._state(index, written, nodes, extra)
                     shared = not inline and counts[(index, written)] > 1
@@ -242,7 +240,7 @@ class _Members:
         counts: dict[State, int] = {(0, 0): 1}
         for index in range(len(self.declared)):
             is_required = self.declared[index][2]
-            for written in range(self.cap + 1):
+            for written in range(self.counted):
                 if (index, written) not in counts:
                     continue
                 following = self._next(written)
@@ -260,7 +258,7 @@ class _Members:
         extra_size = _size(extra)
         for index in range(len(self.declared), -1, -1):
             own = extra_size if index == len(self.declared) else _size(self.declared[index][1])
-            for written in range(self.cap + 1):
+            for written in range(self.counted):
                 if (index, written) not in counts:
                     continue
                 following = [
@@ -291,7 +289,13 @@ class _Members:
         highest = None if self.maximum is None else self.maximum - written
         if is_nothing(extra):
             return EMPTY if lowest == 0 else NOTHING
-        return _repeated(self.compiler, extra, lowest, highest, first=written == 0)
+        return _repeated(
+            self.compiler,
+            extra,
+            (lowest, highest),
+            first=written == 0,
+            where=(self.pointer, "minProperties", "maxProperties"),
+        )
 
 
 def _search(pattern: str, name: str) -> bool:

@@ -13,18 +13,34 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 
+def escape_pointer(name: str) -> str:
+    """A property name as a JSON pointer segment (RFC 6901)."""
+    return name.replace("~", "~0").replace("/", "~1")
+
+
 class SchemaError(ValueError):
     """A schema that formline cannot compile: invalid, unresolvable, unsupported or too big.
 
     ``pointer`` is the JSON pointer of the schema object at fault (``""`` is the root) and
-    ``keyword`` the keyword there, when the problem is tied to one.
+    ``keyword`` the keyword there, when the problem is tied to one. ``limit`` names the
+    compile limit that was passed (``seconds``, ``nfa_states``, ``dfa_states``,
+    ``repetition``, ...; see :class:`~formline.grammar.budget.CompileBudget`), if any.
     """
 
-    def __init__(self, message: str, pointer: str = "", keyword: str | None = None):
+    def __init__(
+        self,
+        message: str,
+        pointer: str = "",
+        keyword: str | None = None,
+        limit: str | None = None,
+    ):
         self.message = message
         self.pointer = pointer
         self.keyword = keyword
-        where = f" at {pointer or '/'}"
+        self.limit = limit
+        # A pointer 128 levels deep is 1,000 characters: the message keeps its tail.
+        shown = pointer if len(pointer) <= 160 else "…" + pointer[-160:]
+        where = f" at {shown or '/'}"
         if keyword:
             where = f" ('{keyword}'{where})"
         super().__init__(f"{message}{where}")
@@ -59,6 +75,13 @@ class SchemaReport:
         use = KeywordUse(keyword, pointer, note)
         if use not in target:
             target.append(use)
+
+    def withdraw(self, keyword: str, pointer: str) -> None:
+        """Take ``keyword`` at ``pointer`` off the enforced list (the compiler found it could
+        not enforce it after all, e.g. a count too large to unroll)."""
+        self.enforced = [
+            use for use in self.enforced if (use.keyword, use.pointer) != (keyword, pointer)
+        ]
 
     def is_exact(self) -> bool:
         """Whether the grammar alone enforces the whole schema (nothing checked after)."""

@@ -9,9 +9,11 @@ from __future__ import annotations
 from decimal import Decimal, InvalidOperation
 from typing import TYPE_CHECKING, Any
 
-from formline.grammar.ir import EMPTY, GrammarError, Literal, Node, Repeat
+from jsonschema import Draft7Validator, Draft202012Validator
+
+from formline.grammar.ir import EMPTY, GrammarError, Literal, Node, Repeat, expanded_size
 from formline.schema.formats import FORMAT_GAPS, format_node
-from formline.schema.json_text import NOTHING, choice, expanded_size, optional, sequence
+from formline.schema.json_text import NOTHING, choice, optional, sequence
 from formline.schema.merge import (
     ALL_TYPE_KEYWORDS,
     ALL_TYPES,
@@ -37,6 +39,11 @@ MAX_ENFORCED_LENGTH = 128
 # A bounded repetition is unrolled by the automaton builder: {0,50} of a 20-state item is
 # 1,000 NFA states. Items bigger than this many IR nodes become a called rule instead.
 INLINE_ITEM_NODES = 40
+# An unbounded repetition writes its item twice; past this many IR nodes it is called.
+INLINE_REPEATED_NODES = 1_000
+# A counted repetition (minItems, maxItems, minProperties, maxProperties) is unrolled into
+# one automaton: past this many states it could not pass the DFA limit (20,000) anyway.
+MAX_UNROLLED_NODES = 20_000
 
 
 def typed_value(
@@ -113,15 +120,16 @@ def enum_value(compiler: SchemaCompiler, schema: Schema, types: set[str], pointe
 def _filter_by_schema(
     compiler: SchemaCompiler, values: list[Any], rest: Schema, constraints: set[str], pointer: str
 ) -> list[Any]:
-    """Keep the enum values that the sibling keywords accept (checked with jsonschema)."""
-    from jsonschema import Draft202012Validator, FormatChecker
-
+    """Keep the enum values that the sibling keywords accept, checked with the schema's own
+    draft and that draft's format checker (a bare ``FormatChecker()`` has draft 3's
+    ``time``, which refused ``08:30:06Z`` and accepted ``08:30:06``)."""
     local = {key: value for key, value in rest.items() if key in ALL_TYPE_KEYWORDS or key == "type"}
     if any("$ref" in str(local.get(key)) for key in local):
         for keyword in sorted(constraints):
             compiler.record("checked_after", keyword, pointer, "beside enum, with a $ref")
         return values
-    validator = Draft202012Validator(local, format_checker=FormatChecker())
+    draft = Draft7Validator if compiler.is_draft7 else Draft202012Validator
+    validator = draft(local, format_checker=compiler.format_checker)
     for keyword in sorted(constraints):
         compiler.record("enforced", keyword, pointer, "enum values filtered by it")
     return [value for value in values if validator.is_valid(value)]
@@ -287,7 +295,7 @@ def array_value(
     for index, node in enumerate(prefix):
         if index < minimum and node is NOTHING:
             return NOTHING
-    elements = _elements(compiler, prefix, item, minimum, maximum)
+    elements = _elements(compiler, prefix, item, (minimum, maximum), pointer)
     if elements is NOTHING:
         return NOTHING
     return sequence(text.token(b"["), elements, Literal(b"]"))
@@ -311,10 +319,15 @@ def _array_items(
 
 
 def _elements(
-    compiler: SchemaCompiler, prefix: list[Node], item: Node, minimum: int, maximum: int | None
+    compiler: SchemaCompiler,
+    prefix: list[Node],
+    item: Node,
+    counts: tuple[int, int | None],
+    pointer: str,
 ) -> Node:
     """Elements from position ``len(prefix)`` backwards: each prefix element is optional
     past ``minimum``; the repeated part honours the remaining counts."""
+    minimum, maximum = counts
     comma = compiler.text.token(b",")
     space = compiler.text.space
     count = len(prefix)
@@ -323,9 +336,9 @@ def _elements(
     tail = _repeated(
         compiler,
         item,
-        max(0, minimum - count),
-        None if maximum is None else maximum - count,
+        (max(0, minimum - count), None if maximum is None else maximum - count),
         first=count == 0,
+        where=(pointer, "minItems", "maxItems"),
     )
     for index in range(count - 1, -1, -1):
         separator = EMPTY if index == 0 else comma
@@ -335,13 +348,25 @@ def _elements(
 
 
 def _repeated(
-    compiler: SchemaCompiler, item: Node, minimum: int, maximum: int | None, first: bool
+    compiler: SchemaCompiler,
+    item: Node,
+    counts: tuple[int, int | None],
+    first: bool,
+    where: tuple[str, str, str],
 ) -> Node:
-    """``minimum`` to ``maximum`` items, the first one without a comma if ``first``."""
+    """``minimum`` to ``maximum`` items (``counts``), the first one without a comma if
+    ``first``. ``where``: the pointer and the two count keywords, for a count too large."""
+    minimum, maximum = counts
     if is_nothing_node(item) or maximum == 0:
         return EMPTY if minimum == 0 else NOTHING
+    size = _size(item)
     if maximum is not None or minimum > 1:
-        item = compiler.shared(item, "item") if _size(item) > INLINE_ITEM_NODES else item
+        item = compiler.shared(item, "item") if size > INLINE_ITEM_NODES else item
+    elif size > INLINE_REPEATED_NODES:
+        # Unbounded, the item is written twice (first, then after each comma): inlined,
+        # n nested arrays are 2^n copies (20 levels took 12 s before the automaton).
+        item = compiler.shared(item, "item")
+    minimum, maximum = _affordable_counts(compiler, _size(item), minimum, maximum, where)
     comma = compiler.text.token(b",")
     element = sequence(item, compiler.text.space)
     if not first:
@@ -353,6 +378,35 @@ def _repeated(
     )
     node = sequence(element, rest)
     return node if minimum > 0 else optional(node)
+
+
+def _affordable_counts(
+    compiler: SchemaCompiler,
+    item_size: int,
+    minimum: int,
+    maximum: int | None,
+    where: tuple[str, str, str],
+) -> tuple[int, int | None]:
+    """The counts the automaton can unroll: a count whose copies would pass
+    :data:`MAX_UNROLLED_NODES` is an error (limit ``repetition``), or, when unsupported
+    keywords go to the after-check, dropped from the grammar and reported so."""
+    pointer, minimum_keyword, maximum_keyword = where
+    for keyword, count in ((maximum_keyword, maximum), (minimum_keyword, minimum)):
+        if count is None or count * (item_size + 2) <= MAX_UNROLLED_NODES:
+            continue
+        note = (
+            f"{keyword} {count} would unroll into about {count * (item_size + 2):,} automaton "
+            f"states; the grammar enforces counts up to {MAX_UNROLLED_NODES:,} states"
+        )
+        if compiler.options.on_unsupported == "error":
+            raise SchemaError(f"{note} (limit 'repetition')", pointer, keyword, "repetition")
+        compiler.report.withdraw(keyword, pointer)
+        compiler.unsupported(keyword, pointer, note)
+        if keyword == maximum_keyword:
+            maximum = None
+        else:
+            minimum = 0
+    return minimum, maximum
 
 
 def is_nothing_node(node: Node) -> bool:
