@@ -10,6 +10,7 @@ and :mod:`formline.schema`. Importing formline imports no model engine.
 
 from formline.compiler import GrammarCompiler
 from formline.grammar import Grammar
+from formline.grammar.budget import CompileBudget, CompileLimitError
 from formline.pipeline.extract import Extraction, Failed, extract
 from formline.pipeline.generate import (
     Choice,
@@ -24,6 +25,8 @@ __version__ = "0.1.0"
 
 __all__ = [
     "Choice",
+    "CompileBudget",
+    "CompileLimitError",
     "Extraction",
     "Failed",
     "Grammar",

@@ -33,6 +33,20 @@ DEFAULT_DISK_LIMIT_BYTES = 256 << 20
 DerivedValue = TypeVar("DerivedValue")
 
 
+def default_disk_limit_bytes() -> int:
+    """``$FORMLINE_DISK_CACHE_MB`` megabytes, or 256 MB: the default caches' disk store.
+
+    Raises:
+        ValueError: the variable is set but not a non-negative integer.
+    """
+    configured = os.environ.get("FORMLINE_DISK_CACHE_MB")
+    if configured is None:
+        return DEFAULT_DISK_LIMIT_BYTES
+    if not configured.strip().isdigit():
+        raise ValueError(f"FORMLINE_DISK_CACHE_MB must be a whole number, not {configured!r}")
+    return int(configured) << 20
+
+
 def default_cache_directory() -> Path:
     """``$FORMLINE_CACHE_DIR`` or ``~/.cache/formline``."""
     configured = os.environ.get("FORMLINE_CACHE_DIR")
@@ -205,7 +219,9 @@ def default_cache(disk_cache: bool | str | os.PathLike[str] = True) -> CompileCa
     with _default_lock:
         cache = _default_caches.get(setting)
         if cache is None:
-            cache = _default_caches[setting] = CompileCache(disk_cache=disk_cache)
+            cache = _default_caches[setting] = CompileCache(
+                disk_cache=disk_cache, disk_limit_bytes=default_disk_limit_bytes()
+            )
         return cache
 
 

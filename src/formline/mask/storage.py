@@ -12,6 +12,7 @@ from __future__ import annotations
 import io
 import json
 import os
+import time
 import zipfile
 from pathlib import Path
 from typing import Any
@@ -26,6 +27,7 @@ from formline.vocab import Vocabulary
 FORMAT = "formline-compiled-grammar"
 FORMAT_VERSION = 2
 SUFFIX = ".npz"
+STALE_SECONDS = 3600  # a temporary file this old belongs to no running writer
 
 
 class StoredGrammarError(ValueError):
@@ -180,7 +182,16 @@ def store(directory: Path, compiled: CompiledGrammar, limit_bytes: int) -> None:
 
 
 def evict(directory: Path, limit_bytes: int) -> None:
-    """Delete the least recently used entries until the directory holds ``limit_bytes``."""
+    """Delete the least recently used entries until the directory holds ``limit_bytes``;
+    also files no version reads any more (the pickles of format 1, which were never
+    evicted) and temporary files a crashed writer left over an hour ago."""
+    now = time.time()
+    for path in [*directory.glob("*.pickle"), *directory.glob("*.tmp")]:
+        try:
+            if path.suffix == ".pickle" or now - path.stat().st_mtime > STALE_SECONDS:
+                path.unlink()
+        except OSError:
+            continue
     entries = []
     for path in directory.glob(f"*{SUFFIX}"):
         try:
