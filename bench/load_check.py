@@ -10,7 +10,14 @@ CPU threads) on a free loopback port as a subprocess, and stops it at the end. E
 loops: one chat completion with a JSON Schema ``response_format`` (three schemas in turn,
 sampled with a per-request seed), validated with ``jsonschema``. Reports requests served,
 latency p50/p99 (seconds, from the client), errors (goal 0) and the share of responses that
-parse and validate (goal 100%). Exits 1 when any request failed or any response was invalid.
+parse and validate, and the invalid ones the server did not flag (goal 0). Exits 1 when any
+request failed or any invalid response was not flagged (``formline_errors``).
+
+``--hostile`` adds one more client that sends small hostile schemas in a loop (huge counts,
+deep nesting, exponential patterns, 4,400-digit bounds, malformed fields): each must be a
+4xx within the server's limits, and the other clients must see no error meanwhile. One of
+the regular schemas is a ``oneOf`` whose branches overlap (closing its objects would change
+what it accepts): its answers are validated against the client's own schema too.
 """
 
 from __future__ import annotations
@@ -22,6 +29,7 @@ import subprocess
 import sys
 import threading
 import time
+import urllib.error
 import urllib.request
 from pathlib import Path
 from typing import Any
@@ -69,7 +77,72 @@ SCHEMAS: list[tuple[str, dict[str, Any]]] = [
             "additionalProperties": False,
         },
     ),
+    (
+        "Give a JSON object with an integer a.",
+        {
+            "oneOf": [
+                {"type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a"]},
+                {"type": "object", "properties": {"b": {"type": "integer"}}},
+            ]
+        },
+    ),
 ]
+
+
+def hostile_bodies(model: str) -> list[tuple[str, dict[str, Any]]]:
+    """Small request bodies that once froze or crashed the server (issue 15)."""
+    deep: dict[str, Any] = {"type": "integer"}
+    for _ in range(20):
+        deep = {"type": "array", "items": deep}
+    schemas = {
+        "maxProperties 1e9": {"type": "object", "maxProperties": 1_000_000_000},
+        "20 nested arrays": deep,
+        "exponential pattern": {"type": "string", "pattern": "^(a|b)*a(a|b){20}$"},
+        "4,400-digit bound": {"type": "integer", "minimum": 10**4400},
+        "maxItems 1e9": {"type": "array", "items": {"type": "object"}, "maxItems": 10**9},
+    }
+    message = [{"role": "user", "content": "hi"}]
+    bodies = [
+        (
+            name,
+            {
+                "model": model,
+                "messages": message,
+                "max_tokens": 8,
+                "response_format": {
+                    "type": "json_schema",
+                    "json_schema": {"name": "x", "schema": schema, "strict": True},
+                },
+            },
+        )
+        for name, schema in schemas.items()
+    ]
+    bodies.append(("role as a list", {"model": model, "messages": [{"role": [], "content": ""}]}))
+    bodies.append(("negative seed", {"model": model, "messages": message, "seed": -1}))
+    bodies.append(("tools: 5", {"model": model, "messages": message, "tools": 5}))
+    return bodies
+
+
+def hostile_loop(url: str, model: str, stop_at: float, outcomes: list[str]) -> None:
+    """Send :func:`hostile_bodies` until ``stop_at``; record each as ``name: status``."""
+    base = url.removesuffix("/v1")
+    while time.monotonic() < stop_at:
+        for name, body in hostile_bodies(model):
+            request = urllib.request.Request(
+                f"{base}/v1/chat/completions",
+                json.dumps(body).encode(),
+                {"Content-Type": "application/json"},
+            )
+            started = time.perf_counter()
+            try:
+                with urllib.request.urlopen(request, timeout=300) as response:
+                    status = response.status
+            except urllib.error.HTTPError as error:
+                status = error.code
+            except OSError as error:
+                status = -1
+                name = f"{name} ({type(error).__name__})"
+            outcomes.append(f"{name}: {status} in {time.perf_counter() - started:.2f} s")
 
 
 class Tally:
@@ -109,13 +182,15 @@ def one_request(client: Any, model: str, index: int, max_tokens: int) -> str | N
         seed=index,
     )
     choice = response.choices[0]
-    if choice.finish_reason != "stop":
+    flagged = bool((choice.model_extra or {}).get("formline_errors"))
+    if choice.finish_reason != "stop" and not flagged:
         return f"finish_reason {choice.finish_reason}: {choice.message.content!r}"
     try:
         jsonschema.validate(json.loads(choice.message.content), schema)
     except (json.JSONDecodeError, jsonschema.ValidationError) as error:
-        return f"{type(error).__name__}: {str(error)[:200]}"
-    return None
+        where = "flagged" if flagged else "UNFLAGGED"
+        return f"{where} {type(error).__name__}: {str(error)[:200]}"
+    return "flagged but valid" if flagged else None
 
 
 def client_loop(url: str, model: str, worker: int, stop_at: float, args: Any, tally: Tally) -> None:
@@ -179,6 +254,7 @@ def summary(tally: Tally, args: Any, seconds: float) -> dict[str, Any]:
         "errors": len(tally.errors),
         "valid": tally.valid,
         "valid_share": round(tally.valid / served, 4) if served else 0.0,
+        "unflagged_invalid": sum("UNFLAGGED" in problem for problem in tally.invalid),
         "first_errors": tally.errors[:5],
         "first_invalid": tally.invalid[:5],
     }
@@ -192,6 +268,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--max-tokens", type=int, default=48)
     parser.add_argument("--threads", type=int, default=1, help="model threads (own server)")
     parser.add_argument("--json", help="also write the summary to this file")
+    parser.add_argument("--hostile", action="store_true", help="one more client, hostile")
     args = parser.parse_args(argv)
     process, url = (None, args.url) if args.url else start_server(args.threads)
     try:
@@ -204,11 +281,20 @@ def main(argv: list[str] | None = None) -> int:
             threading.Thread(target=client_loop, args=(url, model, n, stop_at, args, tally))
             for n in range(args.clients)
         ]
+        hostile: list[str] = []
+        if args.hostile:
+            workers.append(
+                threading.Thread(target=hostile_loop, args=(url, model, stop_at, hostile))
+            )
         for worker in workers:
             worker.start()
         for worker in workers:
             worker.join()
         result = summary(tally, args, time.monotonic() - started)
+        if args.hostile:
+            result["hostile_requests"] = len(hostile)
+            result["hostile_not_4xx"] = [line for line in hostile if ": 4" not in line]
+            result["hostile_first_round"] = hostile[: len(hostile_bodies(model))]
     finally:
         if process is not None:
             process.terminate()
@@ -216,7 +302,10 @@ def main(argv: list[str] | None = None) -> int:
     print(json.dumps(result, indent=2))
     if args.json:
         Path(args.json).write_text(json.dumps(result, indent=2) + "\n", encoding="utf-8")
-    return 0 if result["errors"] == 0 and not tally.invalid else 1
+    # An answer the grammar could not make valid (oneOf's exclusivity is checked after) is
+    # acceptable when flagged; an invalid answer passed as fine is not.
+    hostile_ok = not result.get("hostile_not_4xx")
+    return 0 if result["errors"] == 0 and not result["unflagged_invalid"] and hostile_ok else 1
 
 
 if __name__ == "__main__":
