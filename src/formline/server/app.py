@@ -1,13 +1,18 @@
 """The FastAPI app of ``formline serve``: an OpenAI-compatible chat completions endpoint.
 
-Routes: ``GET /health``, ``GET /v1/models``, ``POST /v1/chat/completions``. Every error is
-OpenAI's error object: 4xx for bad input (:class:`ApiError`, and unknown routes), 500 only
-for a real fault, which is logged with its traceback. With ``api_key`` set, ``/v1/*`` needs
-``Authorization: Bearer <api_key>``.
+Routes: ``GET /health``, ``GET /v1/models``, ``POST /v1/chat/completions``, ``POST /trace``
+(:mod:`.tracing`). Every error is OpenAI's error object: 4xx for bad input (:class:`ApiError`,
+and unknown routes), 500 only for a real fault, which is logged with its traceback. With
+``api_key`` set, every route but ``GET /health`` needs ``Authorization: Bearer <api_key>``
+(unknown routes too, so they say nothing without it); ``/health`` stays open for load
+balancers and tells only the model id, whether the model is held (``busy``), how many
+constraint compiles are running (``compiling``) and the decoding loops' counts. Every route
+that uses the model answers within ``limits.request_seconds`` (503 or 504 past it).
 """
 
 from __future__ import annotations
 
+import hmac
 import logging
 import socket
 import threading
@@ -24,6 +29,7 @@ from formline.server.errors import ApiError, error_body
 from formline.server.requests import parse_body, parse_chat_request
 from formline.server.responses import completion_body
 from formline.server.streaming import stream_request
+from formline.server.tracing import parse_trace_request, trace_page
 
 log = logging.getLogger("formline.server")
 
@@ -38,8 +44,13 @@ def create_app(engine: Engine, api_key: str | None = None) -> FastAPI:
 
     @app.get("/health")
     async def health() -> dict[str, Any]:
-        busy = engine.lock.locked()
-        return {"status": "ok", "model": engine.model_id, "busy": busy, "loops": engine.stats}
+        return {
+            "status": "ok",
+            "model": engine.model_id,
+            "busy": engine.lock.locked(),  # a decoding loop or a trace holds the model
+            "compiling": engine.compiling,
+            "loops": engine.stats,
+        }
 
     @app.get("/v1/models")
     async def models() -> dict[str, Any]:
@@ -69,49 +80,10 @@ def create_app(engine: Engine, api_key: str | None = None) -> FastAPI:
         """Seed 003's explainer for ``{"prompt", "schema"}`` (``free_samples``,
         ``temperature``, ``max_tokens`` optional), recorded now on the served model."""
         body = parse_body(await request.body(), engine.limits)
-        prompt, schema = body.get("prompt"), body.get("schema")
-        if not isinstance(prompt, str) or not isinstance(schema, dict):
-            raise ApiError("/trace needs 'prompt' (a string) and 'schema' (an object)")
-        options: dict[str, Any] = {
-            key: body[key] for key in ("free_samples", "temperature", "max_tokens") if key in body
-        }
-        page = await run_in_threadpool(_trace_page, engine, prompt, schema, options)
-        return HTMLResponse(page)
+        checked = parse_trace_request(body, engine.limits)
+        return HTMLResponse(await run_in_threadpool(trace_page, engine, checked))
 
     return app
-
-
-def _trace_page(
-    engine: Engine, prompt: str, schema: dict[str, Any], options: dict[str, Any]
-) -> str:
-    """Record a trace under the engine's lock (one model, one caller at a time)."""
-    from formline.schema import SchemaError
-    from formline.trace.html import render_trace_html
-    from formline.trace.recorder import record_trace
-
-    if not hasattr(engine.backend, "llm"):
-        raise ApiError("/trace records on the llama.cpp backend only", param="model")
-    options.setdefault("free_samples", 2)
-    options.setdefault("max_tokens", 64)
-    options.setdefault("temperature", 0.8)
-    for key, low, high in (("free_samples", 0, 8), ("max_tokens", 1, 256), ("temperature", 0, 2)):
-        value = options[key]
-        if (
-            isinstance(value, bool)
-            or not isinstance(value, int | float)
-            or not low <= value <= high
-        ):
-            raise ApiError(f"{key} must be a number from {low} to {high}", param=key)
-    options["free_samples"], options["max_tokens"] = (
-        int(options["free_samples"]),
-        int(options["max_tokens"]),
-    )
-    with engine.lock:
-        try:
-            trace = record_trace(schema, prompt, engine.backend, field_orders=False, **options)
-        except SchemaError as error:
-            raise ApiError(f"invalid schema: {error}", param="schema") from error
-    return render_trace_html(trace)
 
 
 def _install_error_handlers(app: FastAPI) -> None:
@@ -137,14 +109,15 @@ def _install_error_handlers(app: FastAPI) -> None:
 
 
 def _install_api_key(app: FastAPI, api_key: str) -> None:
-    """``/v1/*`` answers 401 without ``Authorization: Bearer <api_key>``."""
+    """Every route but ``GET /health`` answers 401 without ``Authorization: Bearer
+    <api_key>`` (compared in constant time)."""
+    wanted = f"Bearer {api_key}".encode()
 
     @app.middleware("http")
     async def authenticate(request: Request, call_next: Any) -> Any:
-        wanted = f"Bearer {api_key}"
-        if request.url.path.startswith("/v1/") and (
-            request.headers.get("authorization", "") != wanted
-        ):
+        is_health = request.url.path == "/health" and request.method in ("GET", "HEAD")
+        given = request.headers.get("authorization", "").encode()
+        if not is_health and not hmac.compare_digest(given, wanted):
             error = ApiError("missing or wrong API key", status=401, code="invalid_api_key")
             return JSONResponse(error.body(), status_code=401)
         return await call_next(request)

@@ -23,7 +23,9 @@ def register(commands: Any) -> None:
     serve.add_argument("--backend", default="llama_cpp", choices=("llama_cpp", "transformers"))
     serve.add_argument("--host", default=DEFAULT_HOST)
     serve.add_argument("--port", type=int, default=DEFAULT_PORT)
-    serve.add_argument("--api-key", help="require 'Authorization: Bearer KEY' on /v1/*")
+    serve.add_argument(
+        "--api-key", help="require 'Authorization: Bearer KEY' on every route but GET /health"
+    )
     serve.add_argument("--served-model-name", help="the model id (default: the file's name)")
     serve.add_argument("--threads", type=int, default=None, help="CPU threads of the model")
     limits = Limits()

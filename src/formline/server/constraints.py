@@ -17,6 +17,7 @@ that begins with ``{`` or ``[`` is always a tool call.
 from __future__ import annotations
 
 import json
+import time
 from dataclasses import dataclass
 from typing import Any
 
@@ -26,6 +27,7 @@ from formline.grammar.regex import parse_regex
 from formline.mask.compiled import CompiledGrammar
 from formline.mask.compiler import compile_grammar
 from formline.schema import CompiledSchema, SchemaError, compile_schema, schema_to_grammar
+from formline.schema.compiler import SchemaOptions, check_nesting
 from formline.server.closing import close_objects
 from formline.server.errors import ApiError
 from formline.server.requests import ChatRequest, Constraint, Tool
@@ -41,7 +43,9 @@ class OutputPlan:
 
     ``mode``: ``content`` (text or JSON in ``message.content``), ``tool_named`` (the output
     is the named tool's arguments), ``tool_wrapped`` (a name/arguments object) or
-    ``tool_auto`` (a name/arguments object when it starts with ``{``, else text)."""
+    ``tool_auto`` (a name/arguments object when it starts with ``{``, else text).
+    ``checker`` is the after-check of the schema the grammar was compiled from (objects
+    closed, see :mod:`.closing`); ``client_check`` that of the client's own schema."""
 
     compiled: CompiledGrammar | None
     checker: CompiledSchema | None
@@ -49,16 +53,62 @@ class OutputPlan:
     mode: str = "content"
     is_json: bool = False
     tool_name: str | None = None
+    client_check: ClientSchemaCheck | None = None
 
 
-def plan_output(request: ChatRequest, vocabulary: Vocabulary) -> OutputPlan:
+class ClientSchemaCheck:
+    """The client's schema as sent (before :func:`close_objects`), validated as formline's
+    after-check validates (:meth:`CompiledSchema.check`): its own draft's validator with
+    that draft's format checker. The validator is built on the first check."""
+
+    def __init__(self, schema: dict[str, Any] | bool):
+        self.schema = schema
+        self.validator: Any = None
+
+    def check(self, instance: Any) -> list[str]:
+        """Every way ``instance`` breaks the client's schema (``[]``: valid). Costs one
+        ``jsonschema`` validation (plus building the validator, once)."""
+        from jsonschema.validators import Draft202012Validator, validator_for
+
+        try:
+            if self.validator is None:
+                cls = validator_for(self.schema, default=Draft202012Validator)
+                self.validator = cls(self.schema, format_checker=cls.FORMAT_CHECKER)
+            return [
+                f"{error.message} (at {'/' + '/'.join(str(p) for p in error.absolute_path)})"
+                for error in self.validator.iter_errors(instance)
+            ]
+        except Exception as error:  # a check that cannot run must not pass the value
+            return [f"the value could not be checked against the schema: {error}"]
+
+
+def plan_output(
+    request: ChatRequest, vocabulary: Vocabulary, deadline: float | None = None
+) -> OutputPlan:
     """The compiled constraint of ``request`` for ``vocabulary``.
+
+    ``deadline`` (a ``time.monotonic()`` value): the request's; a compile that ends past it
+    is a 504 (the compile itself is not yet interrupted at it).
 
     Raises:
         ApiError: 400 for a schema, regex or grammar that does not compile (the message
-            names the request field and, for a schema, the keyword and JSON pointer).
+            names the request field and, for a schema, the keyword and JSON pointer); 504
+            when the compile ended past ``deadline``.
     Costs one compile the first time a constraint is seen; a dictionary lookup afterwards.
     """
+    plan = _plan(request, vocabulary)
+    if deadline is not None and time.monotonic() > deadline:
+        raise ApiError(
+            "compiling the output constraint ran past this server's time limit per request; "
+            "simplify the schema or start the server with a larger --request-seconds",
+            status=504,
+            code="timeout",
+            error_type="timeout",
+        )
+    return plan
+
+
+def _plan(request: ChatRequest, vocabulary: Vocabulary) -> OutputPlan:
     if request.tool_choice != "none":
         return _tool_plan(request, vocabulary)
     constraint = request.constraint
@@ -87,18 +137,24 @@ def _constraint_plan(constraint: Constraint, vocabulary: Vocabulary) -> OutputPl
     if kind == "grammar":
         return OutputPlan(compile_grammar(Grammar.from_ebnf(value), vocabulary), None, "")
     checker = _compile(value, vocabulary, constraint.strict)
+    original = ClientSchemaCheck(value)
     if kind == "json_object":
         return OutputPlan(
-            checker.compiled_grammar, checker, "Answer with a JSON object.", "content", True
-        )
+            checker.compiled_grammar, checker, "Answer with a JSON object.", "content", True,
+            client_check=original,
+        )  # fmt: skip
     description = "Answer with a JSON value matching this JSON Schema:\n" + _compact(value)
-    return OutputPlan(checker.compiled_grammar, checker, description, "content", True)
+    return OutputPlan(
+        checker.compiled_grammar, checker, description, "content", True, client_check=original
+    )
 
 
 def _compile(schema: Any, vocabulary: Vocabulary, strict: bool) -> CompiledSchema:
     """``strict``: an unsupported keyword is an error; otherwise it is checked after. Open
-    objects are closed first, as vLLM's xgrammar does (see :mod:`.closing`)."""
+    objects are closed first, as vLLM's xgrammar does (see :mod:`.closing`); the nesting is
+    checked before, as closing recurses per level."""
     on_unsupported = "error" if strict else "check_after"
+    check_nesting(schema, 2 * SchemaOptions().max_depth)
     return compile_schema(close_objects(schema), vocabulary, on_unsupported=on_unsupported)
 
 
@@ -157,8 +213,9 @@ def _tool_plan(request: ChatRequest, vocabulary: Vocabulary) -> OutputPlan:
             f"as JSON matching: {_compact(tool.parameters)}"
         )
         return OutputPlan(
-            checker.compiled_grammar, checker, description, "tool_named", True, tool.name
-        )
+            checker.compiled_grammar, checker, description, "tool_named", True, tool.name,
+            ClientSchemaCheck(tool.parameters),
+        )  # fmt: skip
     max_calls = request.max_tool_calls if request.parallel_tool_calls else 1
     schema = tool_call_schema(tools, max_calls)
     try:
@@ -167,12 +224,33 @@ def _tool_plan(request: ChatRequest, vocabulary: Vocabulary) -> OutputPlan:
         if request.tool_choice == "auto":
             compiled = compile_grammar(_tool_or_text(schema, strict), vocabulary)
     except SchemaError as error:
-        raise _schema_error(error, "tools (the tool-call schema built from them)") from error
+        raise _schema_error(error, _tool_at(error.pointer, len(tools) > 1)) from error
     except GrammarError as error:
-        raise ApiError(f"tools do not compile: {error}", param="tools") from error
+        raise ApiError(
+            f"tools do not compile: {error}", param="tools", code="invalid_grammar"
+        ) from error
     mode = "tool_auto" if request.tool_choice == "auto" else "tool_wrapped"
     description = _tools_description(tools, max_calls > 1)
-    return OutputPlan(compiled, checker, description, mode, True)
+    return OutputPlan(
+        compiled, checker, description, mode, True, client_check=ClientSchemaCheck(schema)
+    )
+
+
+def _tool_at(pointer: str | None, several: bool) -> str:
+    """The request field at ``pointer`` of :func:`tool_call_schema`'s schema: a tool's
+    ``parameters`` (``/items/anyOf/2/properties/arguments/...``), else ``tools``."""
+    parts = (pointer or "").strip("/").split("/")
+    parts = parts[1:] if parts[:1] == ["items"] else parts
+    index = "0"
+    if several:
+        if parts[:1] != ["anyOf"] or len(parts) < 2:
+            return "tools"
+        index, parts = parts[1], parts[2:]
+    return (
+        f"tools[{index}].function.parameters"
+        if parts[:2] == ["properties", "arguments"]
+        else "tools"
+    )
 
 
 def _tool_or_text(schema: dict[str, Any], strict: bool) -> Grammar:

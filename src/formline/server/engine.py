@@ -1,14 +1,22 @@
 """One backend, many requests: model calls serialized by a lock, one matcher per request.
 
 llama.cpp is not thread-safe, so :meth:`Engine.complete` takes :attr:`Engine.lock` around
-each prompt render and decoding loop; compiling a constraint happens outside it (compiled
-grammars are shared read-only through formline's caches). The app runs :meth:`complete` in
-a worker thread, so ``/health`` answers while the model works.
+each prompt render and decoding loop; compiling a constraint (:meth:`Engine.plan`) happens
+outside it and under no other lock (compiled grammars are shared read-only through
+formline's caches), so a request without a constraint never waits for another's compile.
+The app runs both in worker threads, so ``/health`` answers while the model works; it
+shows the compiles running (:attr:`Engine.compiling`) and whether the model is held.
 
-``limits.request_seconds`` bounds the whole request: the wait for the lock (503 past it)
-and the decoding, which stops at the first step past the deadline (504, the lock freed at
-once). A streaming request passes a :class:`ChoiceListener` per choice, which sees the
-tokens as they are decoded and can stop the loop (a client that went away).
+``limits.request_seconds`` bounds the whole request from :meth:`Engine.deadline`: a compile
+that ends past it (504), the wait for the lock (503 past it) and the decoding, which stops
+at the first step past the deadline (504, the lock freed at once). A streaming request
+passes a :class:`ChoiceListener` per choice, which sees the tokens as they are decoded and
+can stop the loop (a client that went away).
+
+Every JSON answer is checked after decoding against the schema the grammar came from and
+against the client's own schema (before objects were closed): a value that fails either, or
+is not JSON, is returned with ``finish_reason`` :data:`INVALID_FINISH` (``"error"``) and the
+findings in the choice's ``formline_errors``, never as a silent ``"stop"``.
 """
 
 from __future__ import annotations
@@ -18,7 +26,8 @@ import logging
 import threading
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 from typing import Any, Protocol
 
@@ -29,6 +38,7 @@ from formline.server.errors import ApiError
 from formline.server.requests import ChatRequest, Limits
 
 log = logging.getLogger("formline.server")
+INVALID_FINISH = "error"  # the finish_reason of an answer that failed the after-check
 
 
 @dataclass
@@ -36,7 +46,7 @@ class ChoiceOutput:
     """One generated choice, read back according to the request's output plan."""
 
     text: str
-    finish_reason: str  # stop, length or tool_calls
+    finish_reason: str  # stop, length, tool_calls, or error (INVALID_FINISH)
     # [{"id", "type", "function": {"name", "arguments"}}, ...]: one or several calls
     tool_calls: list[dict[str, Any]] | None = None
     errors: list[str] = field(default_factory=list)  # the after-check's findings
@@ -74,32 +84,67 @@ class Engine:
         self.lock_stats = threading.Lock()
         # Decoding loops by how they ended, and the tokens they wrote (``/health`` shows it).
         self.stats = {"stop": 0, "length": 0, "timeout": 0, "cancelled": 0, "tokens": 0}
+        self.compiling = 0  # constraint compiles running now (``/health`` shows it)
 
-    def plan(self, request: ChatRequest) -> OutputPlan:
+    def deadline(self) -> float:
+        """The ``time.monotonic()`` by which a request starting now must be answered."""
+        return time.monotonic() + self.limits.request_seconds
+
+    def plan(self, request: ChatRequest, deadline: float | None = None) -> OutputPlan:
         """The compiled constraint of ``request`` (see :func:`plan_output`; raises its
-        400s). Costs one compile the first time a constraint is seen."""
-        return plan_output(request, self.backend.vocabulary)
+        400s, and its 504 past ``deadline``), counted in :attr:`compiling` while it runs.
+        Costs one compile the first time a constraint is seen."""
+        with self.counting_compile():
+            return plan_output(request, self.backend.vocabulary, deadline)
+
+    @contextmanager
+    def counting_compile(self) -> Iterator[None]:
+        """Count a compile in :attr:`compiling` for the duration of the ``with`` block."""
+        with self.lock_stats:
+            self.compiling += 1
+        try:
+            yield
+        finally:
+            with self.lock_stats:
+                self.compiling -= 1
+
+    def hold_model(self, deadline: float) -> None:
+        """Take :attr:`lock` (the caller releases it), waiting until ``deadline`` at most.
+
+        Raises:
+            ApiError: 503 when the model is still busy at ``deadline``.
+        """
+        if not self.lock.acquire(timeout=max(0.0, deadline - time.monotonic())):
+            raise ApiError(
+                f"the model stayed busy past this server's {self.limits.request_seconds} s "
+                "per request; retry later",
+                status=503,
+                code="timeout",
+                error_type="server_busy",
+            )
 
     def complete(
         self,
         request: ChatRequest,
         plan: OutputPlan | None = None,
         listener_for: Callable[[int, OutputPlan], ChoiceListener] | None = None,
+        deadline: float | None = None,
     ) -> Completion:
-        """Run ``request``: ``n`` sequential generations under its constraint.
+        """Run ``request``: ``n`` sequential generations under its constraint, all by
+        ``deadline`` (default: :meth:`deadline` from now).
 
         ``listener_for(index, plan)``: a listener for each choice (streaming). A choice its
         listener stopped ends the request early (what was decoded is returned).
 
         Raises:
             ApiError: 400 for a constraint that does not compile or a prompt over the
-                context; 503 when the model stays busy past ``limits.request_seconds``;
-                504 when decoding runs past it (the loop stops at its next step).
+                context; 503 when the model stays busy past the deadline; 504 when the
+                compile or the decoding runs past it (the loop stops at its next step).
             BackendError: the model failed (a server fault).
         Costs one compile (cached) plus ``n`` decoding loops; waits for the lock first.
         """
-        deadline = time.monotonic() + self.limits.request_seconds
-        plan = plan if plan is not None else self.plan(request)
+        deadline = deadline if deadline is not None else self.deadline()
+        plan = plan if plan is not None else self.plan(request, deadline)
         messages = _with_description(request.messages, plan.description)
         choices, prompt_tokens, completion_tokens = [], 0, 0
         for index in range(request.n):
@@ -146,15 +191,7 @@ class Engine:
         listener: ChoiceListener | None,
     ) -> Generation:
         matcher = GrammarMatcher(plan.compiled) if plan.compiled is not None else None
-        deadline = sampling.deadline if sampling.deadline is not None else time.monotonic()
-        if not self.lock.acquire(timeout=max(0.0, deadline - time.monotonic())):
-            raise ApiError(
-                f"the model stayed busy past this server's {self.limits.request_seconds} s "
-                "per request; retry later",
-                status=503,
-                code="timeout",
-                error_type="server_busy",
-            )
+        self.hold_model(sampling.deadline if sampling.deadline is not None else time.monotonic())
         try:
             prompt = self.backend.render_chat(messages)
             if listener is not None:
@@ -186,6 +223,8 @@ def read_choice(generation: Generation, plan: OutputPlan) -> ChoiceOutput:
 
     A cut-off output (``length``, or ``cancelled`` reported as ``length``) is returned as
     text, never as a tool call or checked value. A JSON array under ``tools`` is several calls.
+    A JSON answer that is not JSON or fails the after-check (see the module's doc) has
+    finish_reason :data:`INVALID_FINISH` and its findings in ``errors``.
     """
     text, finish = generation.text, generation.finish_reason
     if finish == "cancelled":
@@ -197,14 +236,15 @@ def read_choice(generation: Generation, plan: OutputPlan) -> ChoiceOutput:
     try:
         value = json.loads(text)
     except json.JSONDecodeError as error:
-        return ChoiceOutput(text, finish, errors=[f"not JSON: {error}"])
-    errors = plan.checker.check(value) if plan.checker is not None else []
+        return ChoiceOutput(text, INVALID_FINISH, errors=[f"not JSON: {error}"])
+    errors = after_check(value, plan)
     if errors:
         log.warning("an output failed the after-check: %s", "; ".join(errors)[:300])
     if plan.mode == "content":
-        return ChoiceOutput(text, finish, errors=errors)
+        return ChoiceOutput(text, INVALID_FINISH if errors else finish, errors=errors)
+    finish = INVALID_FINISH if errors else "tool_calls"
     if plan.mode == "tool_named":
-        return ChoiceOutput("", "tool_calls", [tool_call(plan.tool_name, text)], errors)
+        return ChoiceOutput("", finish, [tool_call(plan.tool_name, text)], errors)
     calls = value if isinstance(value, list) else [value]
     entries = [
         tool_call(
@@ -214,7 +254,15 @@ def read_choice(generation: Generation, plan: OutputPlan) -> ChoiceOutput:
         for call in calls
         if isinstance(call, dict)
     ]
-    return ChoiceOutput("", "tool_calls", entries, errors)
+    return ChoiceOutput("", finish, entries, errors)
+
+
+def after_check(value: Any, plan: OutputPlan) -> list[str]:
+    """Every way ``value`` breaks the client's schema, then those only the compiled (closed)
+    schema finds (``[]``: valid for both). Costs one or two ``jsonschema`` validations."""
+    found = plan.client_check.check(value) if plan.client_check is not None else []
+    closed = plan.checker.check(value) if plan.checker is not None else []
+    return found + [f"{error} (the schema as compiled)" for error in closed if error not in found]
 
 
 def tool_call(name: str | None, arguments: str) -> dict[str, Any]:

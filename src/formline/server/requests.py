@@ -3,7 +3,8 @@
 Every field is either honoured, on an explicit list of fields harmless to ignore, or
 accepted only at its neutral value (``presence_penalty: 0``, ``logprobs: false``, ...);
 anything else is a 400 naming the field, never silently dropped. A field whose value is
-``null`` counts as absent. The output constraint comes from exactly one of
+``null`` counts as absent; a field of the wrong type, shape or range is a 400 naming it
+(``param``), never a 500. The output constraint comes from exactly one of
 ``response_format``, vLLM's ``structured_outputs`` / ``guided_*`` fields, or ``tools``.
 """
 
@@ -14,6 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from formline.server.errors import ApiError, unsupported
+from formline.server.messages import load_json, parse_messages
 
 HONOURED = frozenset(
     {
@@ -38,8 +40,12 @@ NEUTRAL: dict[str, tuple[Any, ...]] = {
     "stop": ([],),
 }
 STRUCTURED_KEYS = ("json", "regex", "choice", "grammar", "json_object")
-ROLES = {"system": "system", "developer": "system", "user": "user"}
-ROLES.update({"assistant": "assistant", "tool": "tool"})
+# Seeds go to numpy's and torch's generators; a non-negative 64-bit integer (OpenAI's and
+# vLLM's seed is an int64) leaves room for seed + choice index under torch's 2**64 - 1.
+SEED_RANGE = (0, 2**63 - 1)
+TOOL_CHOICES = ("none", "auto", "required")
+RESPONSE_FORMAT_KEYS = {"text": {"type"}, "json_object": {"type"}}
+RESPONSE_FORMAT_KEYS["json_schema"] = {"type", "json_schema"}
 
 
 @dataclass(frozen=True)
@@ -99,10 +105,12 @@ class ChatRequest:
 
 
 def parse_body(raw: bytes, limits: Limits) -> dict[str, Any]:
-    """The request body as a JSON object.
+    """The request body as a JSON object, without its ``null`` fields.
 
     Raises:
-        ApiError: 413 over ``max_request_bytes``; 400 not JSON, or not an object.
+        ApiError: 413 over ``max_request_bytes``; 400 not JSON (``NaN``, a number too big
+            for a float, nesting deeper than 200 levels included), or not an object.
+    Costs one parse and one walk of the body.
     """
     if len(raw) > limits.max_request_bytes:
         raise ApiError(
@@ -110,12 +118,7 @@ def parse_body(raw: bytes, limits: Limits) -> dict[str, Any]:
             status=413,
             code="request_too_large",
         )
-    try:
-        body = json.loads(raw)
-    except (json.JSONDecodeError, UnicodeDecodeError) as error:
-        raise ApiError(
-            f"the request body is not valid JSON: {error}", code="invalid_json"
-        ) from error
+    body = load_json(raw, None)
     if not isinstance(body, dict):
         raise ApiError("the request body must be a JSON object", code="invalid_json")
     return {key: value for key, value in body.items() if value is not None}
@@ -125,18 +128,17 @@ def parse_chat_request(body: dict[str, Any], limits: Limits) -> ChatRequest:
     """Check every field of a chat completion body (already without ``null`` values).
 
     Raises:
-        ApiError: 400 for a missing, malformed, conflicting or unsupported field (named).
+        ApiError: 400 for a missing, malformed, conflicting or unsupported field (named in
+            ``param``).
     Costs O(size of the body) plus one ``json.dumps`` of each schema (its size limit).
     """
     _refuse_unknown(body)
-    if "model" not in body or not isinstance(body["model"], str):
+    if not isinstance(body.get("model"), str):
         raise ApiError("'model' is required (a string)", param="model", code="missing_required")
     max_tokens = _max_tokens(body, limits)
     n = _integer(body, "n", 1, 1, limits.max_n)
     stream = _boolean(body, "stream", False)
-    options = body.get("stream_options", {})
-    if not isinstance(options, dict) or set(options) - {"include_usage"}:
-        raise unsupported("stream_options", "only {'include_usage': bool} is supported")
+    include_usage = _stream_options(body, stream)
     tools, tool_choice, named = _tools(body, limits)
     constraint = _constraint(body, limits)
     if tool_choice != "none" and constraint.kind != "text":
@@ -153,10 +155,10 @@ def parse_chat_request(body: dict[str, Any], limits: Limits) -> ChatRequest:
         max_tokens=max_tokens,
         temperature=_number(body, "temperature", 1.0, 0.0, 2.0),
         top_p=_number(body, "top_p", 1.0, 0.0, 1.0),
-        seed=_integer(body, "seed", None, -(2**63), 2**64 - 1),
+        seed=_integer(body, "seed", None, *SEED_RANGE),
         n=n if n is not None else 1,
         stream=stream,
-        include_usage=bool(options.get("include_usage", False)),
+        include_usage=include_usage,
         tools=tools,
         tool_choice=tool_choice,
         named_tool=named,
@@ -182,10 +184,29 @@ def _is_neutral(key: str, value: Any) -> bool:
     return not isinstance(value, bool) and value in NEUTRAL[key]
 
 
+def _stream_options(body: dict[str, Any], stream: bool) -> bool:
+    """``stream_options.include_usage`` (only with ``stream: true``, as OpenAI says)."""
+    if "stream_options" not in body:
+        return False
+    options = body["stream_options"]
+    if not isinstance(options, dict) or set(options) - {"include_usage"}:
+        raise unsupported("stream_options", "only {'include_usage': bool} is supported")
+    if not stream:
+        raise ApiError(
+            "stream_options needs stream: true", param="stream_options", code="invalid_value"
+        )
+    return _boolean(options, "include_usage", False, "stream_options.include_usage")
+
+
 def _max_tokens(body: dict[str, Any], limits: Limits) -> int:
     key = "max_completion_tokens" if "max_completion_tokens" in body else "max_tokens"
     value = _integer(body, key, limits.default_max_tokens, 1, None)
     assert value is not None
+    if key == "max_completion_tokens" and body.get("max_tokens", value) != value:
+        raise ApiError(
+            "max_tokens and max_completion_tokens differ: send one",
+            param="max_tokens", code="conflicting_parameters",
+        )  # fmt: skip
     if value > limits.max_tokens_cap:
         raise ApiError(
             f"{key} is {value}; this server's cap is {limits.max_tokens_cap}",
@@ -222,77 +243,23 @@ def _number(body: dict[str, Any], key: str, default: float, low: float, high: fl
     return float(value)
 
 
-def _boolean(body: dict[str, Any], key: str, default: bool) -> bool:
+def _boolean(body: dict[str, Any], key: str, default: bool, param: str | None = None) -> bool:
     value = body.get(key, default)
     if not isinstance(value, bool):
-        raise ApiError(f"{key!r} must be true or false", param=key, code="invalid_type")
+        where = param or key
+        raise ApiError(f"{where!r} must be true or false", param=where, code="invalid_type")
     return value
 
 
-def parse_messages(messages: Any) -> list[dict[str, str]]:
-    """Chat messages as ``{"role", "content"}`` strings for the model's chat template:
-    text parts joined, an assistant's earlier tool calls written as the JSON formline
-    would have produced, ``developer`` as ``system``.
-
-    Raises:
-        ApiError: 400 missing or empty, an unknown role, or a non-text content part.
-    """
-    if not isinstance(messages, list) or not messages:
-        raise ApiError("'messages' must be a non-empty list", param="messages", code="invalid_type")
-    parsed = []
-    for index, message in enumerate(messages):
-        where = f"messages[{index}]"
-        if not isinstance(message, dict) or message.get("role") not in ROLES:
-            raise ApiError(
-                f"{where} needs a role among {sorted(ROLES)}", param=where, code="invalid_value"
-            )
-        content = _content(message.get("content"), f"{where}.content")
-        calls = message.get("tool_calls") or []
-        if calls:
-            content = (content + "\n" if content else "") + _calls_text(calls, where)
-        parsed.append({"role": ROLES[message["role"]], "content": content})
-    return parsed
-
-
-def _content(content: Any, where: str) -> str:
-    if content is None or isinstance(content, str):
-        return content or ""
-    if isinstance(content, list):
-        texts = []
-        for index, part in enumerate(content):
-            if not isinstance(part, dict) or part.get("type") != "text":
-                kind = part.get("type") if isinstance(part, dict) else type(part).__name__
-                raise unsupported(f"{where}[{index}]", f"content parts of type {kind!r}")
-            texts.append(str(part.get("text", "")))
-        return "".join(texts)
-    raise ApiError(f"{where} must be a string or a list of parts", param=where, code="invalid_type")
-
-
-def _calls_text(calls: Any, where: str) -> str:
-    written = []
-    for call in calls if isinstance(calls, list) else []:
-        function = call.get("function", {}) if isinstance(call, dict) else {}
-        try:
-            arguments = json.loads(function.get("arguments") or "{}")
-        except (json.JSONDecodeError, TypeError) as error:
-            raise ApiError(
-                f"{where}.tool_calls: arguments are not JSON", param=f"{where}.tool_calls"
-            ) from error
-        written.append(json.dumps({"name": function.get("name"), "arguments": arguments}))
-    return "\n".join(written)
-
-
-def _json_value(value: Any, param: str) -> Any:
-    if isinstance(value, str):
-        try:
-            return json.loads(value)
-        except json.JSONDecodeError as error:
-            raise ApiError(f"{param} is not valid JSON: {error}", param=param) from error
+def _string(value: Any, param: str, allow_empty: bool = True) -> str:
+    if not isinstance(value, str) or (not value and not allow_empty):
+        kind = "a string" if allow_empty else "a non-empty string"
+        raise ApiError(f"{param} must be {kind}", param=param, code="invalid_type")
     return value
 
 
 def _schema(value: Any, param: str, limits: Limits) -> dict[str, Any] | bool:
-    schema = _json_value(value, param)
+    schema = load_json(value, param) if isinstance(value, str) else value
     if not isinstance(schema, dict | bool):
         raise ApiError(f"{param} must be a JSON Schema object", param=param, code="invalid_schema")
     size = len(json.dumps(schema))
@@ -311,7 +278,10 @@ def _constraint(body: dict[str, Any], limits: Limits) -> Constraint:
         found.append(_response_format(body["response_format"], limits))
     structured = body.get("structured_outputs", {})
     if not isinstance(structured, dict):
-        raise ApiError("structured_outputs must be an object", param="structured_outputs")
+        raise ApiError(
+            "structured_outputs must be an object", param="structured_outputs",
+            code="invalid_type",
+        )  # fmt: skip
     for key, value in structured.items():
         if key not in STRUCTURED_KEYS:
             raise unsupported(f"structured_outputs.{key}", f"supported: {list(STRUCTURED_KEYS)}")
@@ -332,13 +302,18 @@ def _constraint(body: dict[str, Any], limits: Limits) -> Constraint:
 
 def _response_format(value: Any, limits: Limits) -> Constraint:
     param = "response_format"
-    kind = value.get("type") if isinstance(value, dict) else None
+    if not isinstance(value, dict):
+        raise ApiError(f"{param} must be an object", param=param, code="invalid_type")
+    kind = value.get("type")
+    if not isinstance(kind, str) or kind not in RESPONSE_FORMAT_KEYS:
+        raise unsupported(f"{param}.type", f"{kind!r}; use text, json_object or json_schema")
+    extra = set(value) - RESPONSE_FORMAT_KEYS[kind]
+    if extra:
+        raise unsupported(f"{param}.{sorted(extra)[0]}", f"not a field of type {kind!r}")
     if kind == "text":
         return Constraint(param=param)
     if kind == "json_object":
         return Constraint("json_object", {"type": "object"}, True, param)
-    if kind != "json_schema":
-        raise unsupported(f"{param}.type", f"{kind!r}; use text, json_object or json_schema")
     spec = value.get("json_schema")
     if not isinstance(spec, dict) or "schema" not in spec:
         raise ApiError(
@@ -349,60 +324,110 @@ def _response_format(value: Any, limits: Limits) -> Constraint:
     extra = set(spec) - {"name", "schema", "strict", "description"}
     if extra:
         raise unsupported(f"{param}.json_schema.{sorted(extra)[0]}", "not a json_schema field")
+    for key in ("name", "description"):
+        if spec.get(key) is not None:
+            _string(spec[key], f"{param}.json_schema.{key}")
+    strict = spec.get("strict")
+    if strict is not None and not isinstance(strict, bool):
+        raise ApiError(
+            f"{param}.json_schema.strict must be true or false",
+            param=f"{param}.json_schema.strict", code="invalid_type",
+        )  # fmt: skip
     param = f"{param}.json_schema.schema"
-    strict = bool(spec.get("strict") or False)
-    return Constraint("json_schema", _schema(spec["schema"], param, limits), strict, param)
+    return Constraint("json_schema", _schema(spec["schema"], param, limits), bool(strict), param)
 
 
 def _guided(key: str, value: Any, param: str, limits: Limits) -> Constraint:
     if key == "json":
         return Constraint("json_schema", _schema(value, param, limits), True, param)
     if key == "json_object":
+        if value is not True:
+            raise ApiError(f"{param} must be true", param=param, code="invalid_type")
         return Constraint("json_object", {"type": "object"}, True, param)
     if key == "choice":
         if not isinstance(value, list) or not value or not all(isinstance(v, str) for v in value):
-            raise ApiError(f"{param} must be a non-empty list of strings", param=param)
-        return Constraint("choice", value, True, param)
-    if not isinstance(value, str) or not value:
-        raise ApiError(f"{param} must be a non-empty string", param=param)
-    if len(value.encode()) > limits.max_schema_bytes:
-        raise ApiError(f"{param} is over {limits.max_schema_bytes} bytes", param=param)
+            raise ApiError(
+                f"{param} must be a non-empty list of strings", param=param, code="invalid_type"
+            )
+        size = sum(len(option.encode()) for option in value)
+    else:
+        size = len(_string(value, param, allow_empty=False).encode())
+    if size > limits.max_schema_bytes:
+        raise ApiError(
+            f"{param} has {size} bytes; the limit is {limits.max_schema_bytes}",
+            param=param, code="schema_too_large",
+        )  # fmt: skip
     return Constraint(key, value, True, param)
 
 
 def _tools(body: dict[str, Any], limits: Limits) -> tuple[list[Tool], str, str | None]:
-    tools = [_tool(entry, f"tools[{i}]", limits) for i, entry in enumerate(body.get("tools", []))]
+    entries = body.get("tools", [])
+    if not isinstance(entries, list):
+        raise ApiError("tools must be a list", param="tools", code="invalid_type")
+    tools = [_tool(entry, f"tools[{index}]", limits) for index, entry in enumerate(entries)]
+    _refuse_duplicate_names(tools)
     choice = body.get("tool_choice", "auto" if tools else "none")
     named = None
     if isinstance(choice, dict):
-        function = choice.get("function")
-        if choice.get("type") != "function" or not isinstance(function, dict):
-            raise unsupported("tool_choice", "use none, auto, required or a named function")
-        named, choice = function.get("name"), "named"
-        if named not in {tool.name for tool in tools}:
-            raise ApiError(f"tool_choice names {named!r}, not in tools", param="tool_choice")
-    elif choice not in ("none", "auto", "required"):
+        named, choice = _named_tool(choice, tools), "named"
+    elif not isinstance(choice, str) or choice not in TOOL_CHOICES:
         raise unsupported("tool_choice", f"{choice!r}; use none, auto, required or a function")
     if choice != "none" and not tools:
-        raise ApiError(f"tool_choice {choice!r} needs tools", param="tool_choice")
+        raise ApiError(
+            f"tool_choice {choice!r} needs tools", param="tool_choice", code="invalid_value"
+        )
     return tools, choice, named
+
+
+def _named_tool(choice: dict[str, Any], tools: list[Tool]) -> str:
+    function = choice.get("function")
+    if choice.get("type") != "function" or not isinstance(function, dict):
+        raise unsupported("tool_choice", "use none, auto, required or a named function")
+    name = _string(function.get("name"), "tool_choice.function.name")
+    if name not in {tool.name for tool in tools}:
+        raise ApiError(
+            f"tool_choice names {name!r}, not in tools", param="tool_choice.function.name",
+            code="invalid_value",
+        )  # fmt: skip
+    return name
+
+
+def _refuse_duplicate_names(tools: list[Tool]) -> None:
+    first: dict[str, int] = {}
+    for index, tool in enumerate(tools):
+        if tool.name in first:
+            raise ApiError(
+                f"tools[{first[tool.name]}] and tools[{index}] are both named {tool.name!r}: "
+                "a call could not say which one it means",
+                param=f"tools[{index}].function.name",
+                code="duplicate_tool_name",
+            )
+        first[tool.name] = index
 
 
 def _tool(entry: Any, param: str, limits: Limits) -> Tool:
     if not isinstance(entry, dict) or entry.get("type") != "function":
         raise unsupported(f"{param}.type", "only function tools are supported")
     function = entry.get("function")
-    if not isinstance(function, dict) or not isinstance(function.get("name"), str):
-        raise ApiError(f"{param}.function needs a name", param=f"{param}.function.name")
+    if not isinstance(function, dict):
+        raise ApiError(
+            f"{param}.function must be an object", param=f"{param}.function", code="invalid_type"
+        )
+    name = _string(function.get("name"), f"{param}.function.name", allow_empty=False)
+    description = function.get("description")
+    if description is not None:
+        _string(description, f"{param}.function.description")
+    strict = function.get("strict")
+    if strict is not None and not isinstance(strict, bool):
+        raise ApiError(
+            f"{param}.function.strict must be true or false",
+            param=f"{param}.function.strict", code="invalid_type",
+        )  # fmt: skip
     parameters = function.get("parameters")
     if parameters is None:
         parameters = {"type": "object", "properties": {}, "additionalProperties": False}
-    schema = _schema(parameters, f"{param}.function.parameters", limits)
+    where = f"{param}.function.parameters"
+    schema = _schema(parameters, where, limits)
     if not isinstance(schema, dict):
-        raise ApiError(f"{param}.function.parameters must be an object schema", param=param)
-    return Tool(
-        function["name"],
-        str(function.get("description") or ""),
-        schema,
-        bool(function.get("strict")),
-    )
+        raise ApiError(f"{where} must be an object schema", param=where, code="invalid_schema")
+    return Tool(name, description or "", schema, bool(strict))

@@ -30,8 +30,9 @@ def _message(choice: ChoiceOutput) -> dict[str, Any]:
 
 
 def completion_body(completion: Completion, model: str) -> dict[str, Any]:
-    """The ``chat.completion`` object. An output that failed the after-check carries
-    ``formline_errors`` in its choice (an extra field clients ignore)."""
+    """The ``chat.completion`` object. An output that failed the after-check has
+    ``finish_reason: "error"`` and ``formline_errors`` in its choice (an extra field
+    clients ignore; the finish reason they do not)."""
     choices = []
     for index, choice in enumerate(completion.choices):
         entry: dict[str, Any] = {

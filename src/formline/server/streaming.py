@@ -8,8 +8,9 @@
 - ``tool_choice`` ``required`` (and ``auto`` once the first byte is ``{`` or ``[``) wraps the
   calls in ``{"name", "arguments"}`` objects, so their calls are sent whole at the end, one
   ``tool_calls`` delta each, with the ids the non-streaming body would carry;
-- the last event of a choice carries its ``finish_reason`` (and ``formline_errors`` when the
-  after-check failed: a streamed answer cannot be taken back).
+- the last event of a choice carries its ``finish_reason``; when the after-check failed
+  (the client's schema or the compiled one), that is ``"error"`` and the event also carries
+  ``formline_errors``: a streamed answer cannot be taken back, so it is flagged at its end.
 
 :func:`stream_request` runs the request on a worker thread and hands the events to an async
 response through an ``asyncio.Queue``. An error before the first event is raised (the client
@@ -158,7 +159,8 @@ async def stream_request(engine: Engine, chat: ChatRequest) -> AsyncIterator[str
         ApiError: before the first event (bad constraint, model busy): a normal HTTP error.
     Costs a thread-to-loop hop per event (tens of microseconds).
     """
-    plan = await run_in_threadpool(engine.plan, chat)
+    deadline = engine.deadline()  # the compile, the wait and the decoding share it
+    plan = await run_in_threadpool(engine.plan, chat, deadline)
     loop = asyncio.get_running_loop()
     queue: asyncio.Queue[tuple[str, Any]] = asyncio.Queue()
     gone = threading.Event()
@@ -176,7 +178,9 @@ async def stream_request(engine: Engine, chat: ChatRequest) -> AsyncIterator[str
 
     async def work() -> None:
         try:
-            completion = await run_in_threadpool(engine.complete, chat, plan, listener_for)
+            completion = await run_in_threadpool(
+                engine.complete, chat, plan, listener_for, deadline
+            )
         except Exception as error:  # every failure reaches the client, as an event if late
             put("error", error)
         else:

@@ -1,0 +1,171 @@
+"""The ``messages`` of a chat completion body, checked and flattened for a chat template.
+
+Every message is an object with a ``role`` among :data:`ROLES`; its ``content`` is a string,
+``null`` or a list of text parts; an assistant's earlier ``tool_calls`` are written back as
+the JSON formline would have produced for them. Anything else is a 400 naming the field
+(``messages[2].tool_calls[0].function.arguments``), never a 500.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from formline.server.errors import ApiError, unsupported
+
+ROLES = {"system": "system", "developer": "system", "user": "user"}
+ROLES.update({"assistant": "assistant", "tool": "tool"})
+MAX_NESTING = 200  # JSON levels in a request body (and in the JSON texts inside it)
+
+
+def parse_messages(messages: Any) -> list[dict[str, str]]:
+    """Chat messages as ``{"role", "content"}`` strings for the model's chat template:
+    text parts joined, an assistant's earlier tool calls written as the JSON formline
+    would have produced, ``developer`` as ``system``.
+
+    Raises:
+        ApiError: 400 missing or empty, a message that is not an object, an unknown role,
+            a field of the wrong type, a non-text content part, malformed tool calls.
+    Costs O(size of the messages) plus one JSON parse of each earlier call's arguments.
+    """
+    if not isinstance(messages, list) or not messages:
+        raise ApiError("'messages' must be a non-empty list", param="messages", code="invalid_type")
+    return [_message(message, f"messages[{index}]") for index, message in enumerate(messages)]
+
+
+def _message(message: Any, where: str) -> dict[str, str]:
+    if not isinstance(message, dict):
+        raise ApiError(f"{where} must be an object", param=where, code="invalid_type")
+    role = message.get("role")
+    if not isinstance(role, str) or role not in ROLES:
+        raise ApiError(
+            f"{where}.role must be one of {sorted(ROLES)}", param=f"{where}.role",
+            code="invalid_value",
+        )  # fmt: skip
+    for key in ("name", "tool_call_id"):
+        if message.get(key) is not None and not isinstance(message[key], str):
+            raise ApiError(
+                f"{where}.{key} must be a string", param=f"{where}.{key}", code="invalid_type"
+            )
+    content = _content(message.get("content"), f"{where}.content")
+    calls = _tool_calls(message.get("tool_calls"), role, f"{where}.tool_calls")
+    if calls:
+        content = (content + "\n" if content else "") + calls
+    return {"role": ROLES[role], "content": content}
+
+
+def _tool_calls(calls: Any, role: str, where: str) -> str:
+    """An assistant message's earlier ``tool_calls`` as text (``""``: none)."""
+    if calls is None:
+        return ""
+    if not isinstance(calls, list):
+        raise ApiError(f"{where} must be a list", param=where, code="invalid_type")
+    if calls and role != "assistant":
+        raise ApiError(
+            f"{where}: only an assistant message carries tool_calls", param=where,
+            code="invalid_value",
+        )  # fmt: skip
+    return _calls_text(calls, where)
+
+
+def _content(content: Any, where: str) -> str:
+    if content is None or isinstance(content, str):
+        return content or ""
+    if not isinstance(content, list):
+        raise ApiError(
+            f"{where} must be a string or a list of parts", param=where, code="invalid_type"
+        )
+    texts = []
+    for index, part in enumerate(content):
+        if not isinstance(part, dict) or part.get("type") != "text":
+            kind = part.get("type") if isinstance(part, dict) else type(part).__name__
+            raise unsupported(f"{where}[{index}]", f"content parts of type {kind!r}")
+        text = part.get("text")
+        if not isinstance(text, str):
+            raise ApiError(
+                f"{where}[{index}].text must be a string", param=f"{where}[{index}].text",
+                code="invalid_type",
+            )  # fmt: skip
+        texts.append(text)
+    return "".join(texts)
+
+
+def _calls_text(calls: list[Any], where: str) -> str:
+    """The earlier calls as formline writes them: ``{"name", "arguments"}`` per line."""
+    written = []
+    for index, call in enumerate(calls):
+        at = f"{where}[{index}]"
+        if not isinstance(call, dict):
+            raise ApiError(f"{at} must be an object", param=at, code="invalid_type")
+        if call.get("type", "function") != "function":
+            raise unsupported(f"{at}.type", "only function calls are supported")
+        function = call.get("function")
+        if not isinstance(function, dict):
+            raise ApiError(
+                f"{at}.function must be an object", param=f"{at}.function", code="invalid_type"
+            )
+        name = function.get("name")
+        if not isinstance(name, str) or not name:
+            raise ApiError(
+                f"{at}.function.name must be a non-empty string", param=f"{at}.function.name",
+                code="invalid_type",
+            )  # fmt: skip
+        arguments = function.get("arguments")
+        if arguments is not None and not isinstance(arguments, str):
+            raise ApiError(
+                f"{at}.function.arguments must be a string of JSON",
+                param=f"{at}.function.arguments", code="invalid_type",
+            )  # fmt: skip
+        value = load_json(arguments or "{}", f"{at}.function.arguments")
+        written.append(json.dumps({"name": name, "arguments": value}, ensure_ascii=False))
+    return "\n".join(written)
+
+
+def load_json(text: str | bytes, param: str | None) -> Any:
+    """``text`` parsed as strict JSON: no ``NaN`` / ``Infinity``, no number too big for a
+    float, at most :data:`MAX_NESTING` levels.
+
+    Raises:
+        ApiError: 400 (code ``invalid_json``) naming ``param``.
+    Costs one parse plus one walk of the value.
+    """
+    try:
+        value = json.loads(text, parse_constant=_refuse_constant, parse_float=_finite_float)
+    except RecursionError as error:
+        raise _not_json(param, f"nested deeper than {MAX_NESTING} levels") from error
+    except (ValueError, UnicodeDecodeError) as error:  # JSONDecodeError, digit limits, NaN
+        raise _not_json(param, str(error)) from error
+    if nesting_over(value, MAX_NESTING):
+        raise _not_json(param, f"nested deeper than {MAX_NESTING} levels")
+    return value
+
+
+def _not_json(param: str | None, why: str) -> ApiError:
+    where = "the request body" if param is None else param
+    return ApiError(f"{where} is not valid JSON: {why}", param=param, code="invalid_json")
+
+
+def _refuse_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not JSON")
+
+
+def _finite_float(text: str) -> float:
+    value = float(text)
+    if value in (float("inf"), float("-inf")):
+        raise ValueError(f"the number {text[:40]} is too large")
+    return value
+
+
+def nesting_over(value: Any, limit: int) -> bool:
+    """Whether ``value`` (parsed JSON) nests deeper than ``limit`` levels. Costs one
+    iterative walk (no recursion: a deep value would overflow the stack)."""
+    pending = [(value, 0)]
+    while pending:
+        node, depth = pending.pop()
+        if depth > limit:
+            return True
+        if isinstance(node, dict):
+            pending.extend((child, depth + 1) for child in node.values())
+        elif isinstance(node, list):
+            pending.extend((child, depth + 1) for child in node)
+    return False

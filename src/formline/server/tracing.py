@@ -1,0 +1,174 @@
+"""``POST /trace``: seed 003's explainer page, recorded on the served model within the
+request's time limit.
+
+The body is ``{"prompt", "schema"}`` with ``free_samples``, ``temperature`` and
+``max_tokens`` optional; any other field, a wrong type or an out-of-range value is a 400
+naming it. The schema is compiled before the model is taken (a compile never holds the
+model); the wait for the model ends at the request's deadline (``limits.request_seconds``,
+503), and so does the recording: every decoding loop of the recorder stops at its first
+step past the deadline, and the request answers 504 with the model freed at once.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import dataclass, replace
+from typing import Any
+
+from formline.backends.base import Backend, BackendError, Generation, Sampling
+from formline.mask.matcher import GrammarMatcher
+from formline.schema import SchemaError, compile_schema
+from formline.server.engine import Engine
+from formline.server.errors import ApiError, unsupported
+from formline.server.requests import Limits
+from formline.trace.html import render_trace_html
+from formline.trace.recorder import record_trace
+
+# name: (lowest, highest, default, type) of each option
+OPTIONS: dict[str, tuple[float, float, float, type]] = {
+    "free_samples": (0, 8, 2, int),
+    "max_tokens": (1, 256, 64, int),
+    "temperature": (0.0, 2.0, 0.8, float),
+}
+FIELDS = frozenset({"prompt", "schema", *OPTIONS})
+
+
+class PastDeadlineError(Exception):
+    """The recording reached a step past the request's deadline."""
+
+
+@dataclass(frozen=True)
+class TraceRequest:
+    """A checked ``/trace`` body."""
+
+    prompt: str
+    schema: dict[str, Any]
+    options: dict[str, Any]
+
+
+def parse_trace_request(body: dict[str, Any], limits: Limits) -> TraceRequest:
+    """Check a ``/trace`` body (already without ``null`` values).
+
+    Raises:
+        ApiError: 400 for a missing, unknown, mistyped or out-of-range field (named), or a
+            schema over ``limits.max_schema_bytes``.
+    Costs O(size of the body).
+    """
+    for key in body:
+        if key not in FIELDS:
+            raise unsupported(key, f"/trace takes {sorted(FIELDS)}")
+    prompt, schema = body.get("prompt"), body.get("schema")
+    if not isinstance(prompt, str):
+        raise ApiError("/trace needs 'prompt' (a string)", param="prompt", code="invalid_type")
+    if not isinstance(schema, dict):
+        raise ApiError("/trace needs 'schema' (an object)", param="schema", code="invalid_type")
+    size = len(json.dumps(schema))
+    if size > limits.max_schema_bytes:
+        raise ApiError(
+            f"schema has {size} bytes; the limit is {limits.max_schema_bytes}",
+            param="schema", code="schema_too_large",
+        )  # fmt: skip
+    options = {}
+    for key, (low, high, default, kind) in OPTIONS.items():
+        value = body.get(key, default)
+        integral = isinstance(value, int) or kind is float
+        if isinstance(value, bool) or not isinstance(value, int | float) or not integral:
+            raise ApiError(f"{key} must be a {kind.__name__}", param=key, code="invalid_type")
+        if not low <= value <= high:
+            raise ApiError(f"{key} must be from {low} to {high}", param=key, code="invalid_value")
+        options[key] = kind(value)
+    return TraceRequest(prompt, schema, options)
+
+
+def trace_page(engine: Engine, request: TraceRequest) -> str:
+    """The explainer page of ``request``, recorded under the engine's lock by the request's
+    deadline (:meth:`Engine.deadline`).
+
+    Raises:
+        ApiError: 400 for a schema that does not compile, a prompt over the context or a
+            backend other than llama.cpp; 503 when the model stays busy past the deadline;
+            504 when the compile or the recording runs past it.
+    Costs one compile (cached) plus the recorder's ``3 x free_samples + 1`` generations.
+    """
+    deadline = engine.deadline()
+    if not hasattr(engine.backend, "llm"):
+        raise ApiError("/trace records on the llama.cpp backend only", param="model")
+    with engine.counting_compile():  # the recorder's own compile is then a cache lookup
+        try:
+            compile_schema(request.schema, engine.backend.vocabulary)
+        except SchemaError as error:
+            raise ApiError(
+                f"invalid schema: {error}", param="schema", code="invalid_schema"
+            ) from error
+    if time.monotonic() > deadline:
+        raise _past_deadline(engine, "compiling the schema")
+    engine.hold_model(deadline)
+    try:
+        backend = DeadlineBackend(engine.backend, deadline)
+        trace = record_trace(
+            request.schema, request.prompt, backend, field_orders=False, **request.options
+        )
+    except PastDeadlineError as error:
+        raise _past_deadline(engine, "recording the trace") from error
+    except BackendError as error:
+        if "n_ctx" in str(error):
+            raise ApiError(str(error), param="prompt", code="context_length_exceeded") from error
+        raise
+    finally:
+        engine.lock.release()
+    return render_trace_html(trace)
+
+
+def _past_deadline(engine: Engine, what: str) -> ApiError:
+    return ApiError(
+        f"{what} ran past this server's {engine.limits.request_seconds} s per request; lower "
+        "max_tokens or free_samples, or start the server with a larger --request-seconds",
+        status=504,
+        code="timeout",
+        error_type="timeout",
+    )
+
+
+class DeadlineBackend:
+    """``backend`` as the recorder sees it, stopping at ``deadline``: its decoding loops
+    stop at their first step past it, and so does the recorder's own step loop (each
+    ``llm.eval``), both by raising :class:`PastDeadlineError`. Everything else is ``backend``'s."""
+
+    def __init__(self, backend: Backend, deadline: float):
+        self.backend = backend
+        self.deadline = deadline
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.backend, name)
+
+    def generate(
+        self, prompt: str, matcher: GrammarMatcher | None, sampling: Sampling
+    ) -> Generation:
+        """The backend's loop with the deadline. Raises :class:`PastDeadlineError` past it."""
+        generation = self.backend.generate(
+            prompt, matcher, replace(sampling, deadline=self.deadline)
+        )
+        if generation.finish_reason == "timeout":
+            raise PastDeadlineError
+        return generation
+
+    @property
+    def llm(self) -> Any:
+        """The llama.cpp model; its ``eval`` raises :class:`PastDeadlineError` past the
+        deadline."""
+        return _DeadlineModel(self.backend.llm, self.deadline)  # type: ignore[attr-defined]
+
+
+class _DeadlineModel:
+    def __init__(self, llm: Any, deadline: float):
+        self.model = llm
+        self.deadline = deadline
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.model, name)
+
+    def eval(self, tokens: Any) -> None:
+        if time.monotonic() > self.deadline:
+            raise PastDeadlineError
+        self.model.eval(tokens)
