@@ -29,7 +29,7 @@ from formline.backends.base import Backend
 from formline.pipeline.escape_hatches import apply_escape_hatches, follow_reference
 from formline.pipeline.generate import backend_for, generate
 from formline.pipeline.pressure import DEFAULT_THRESHOLD, FieldPressure
-from formline.schema.api import schema_of
+from formline.schema.api import parse_output, schema_of
 
 BUDGET_GROWTH_LIMIT = 4  # a truncated output may grow the budget to 4 x max_tokens
 MAX_FEEDBACK_ERRORS = 6  # errors listed in one repair turn
@@ -334,11 +334,8 @@ def _judge(
     value, errors = _validate(text, after_check, target, source)
     grounding_errors: list[str] = []
     if target.ground:
-        try:
-            parsed = json.loads(text)
-        except json.JSONDecodeError:
-            parsed = None  # the validation errors already say so
-        else:
+        parsed, unreadable = parse_output(text)
+        if not unreadable:  # else the validation errors already say so
             grounding_errors = _grounding_errors(parsed, source, target.ground_fields)
     if errors:
         return None, errors + grounding_errors, INVALID

@@ -24,6 +24,8 @@ from formline.grammar.ir import Grammar
 from formline.mask.compiler import compile_grammar
 from formline.mask.matcher import GrammarMatcher
 from formline.pipeline.pressure import DEFAULT_THRESHOLD, FieldPressure, field_pressure
+from formline.schema import compile_schema, schema_of
+from formline.schema.api import parse_output
 
 CUT_OFF = ("length", "timeout", "cancelled")  # finish reasons of an output that did not end
 
@@ -171,7 +173,6 @@ class _Plan:
 
 
 def _plan(output: Any, engine: Backend) -> _Plan:
-    from formline.schema import compile_schema, schema_of
 
     vocabulary = engine.vocabulary
     if output is None:
@@ -216,12 +217,9 @@ def _result(
 ) -> Result:
     errors: list[str] = []
     if generation.finish_reason not in CUT_OFF and plan.kind in ("json", "model"):
-        try:
-            instance = json.loads(generation.text)
-        except json.JSONDecodeError as error:
-            errors = [f"not JSON: {error}"]
-        else:
-            errors = plan.checker.check(instance) if plan.checker else []
+        instance, errors = parse_output(generation.text)
+        if not errors and plan.checker:
+            errors = plan.checker.check(instance)
     return Result(
         text=generation.text,
         finish_reason=generation.finish_reason,

@@ -59,10 +59,11 @@ class CompiledSchema:
                 f"{error.message} (at {'/' + '/'.join(str(p) for p in error.absolute_path)})"
                 for error in self._validator.iter_errors(instance)
             ]
-        except Unresolvable as error:  # jsonschema wraps its reference errors in it
-            # A reference the validator cannot follow ($dynamicRef to a missing anchor):
-            # the value is not known to be valid, so it is reported, never passed.
-            return [f"the after-check could not run: {error}"]
+        except (Unresolvable, RecursionError) as error:  # jsonschema wraps reference errors
+            # A reference the validator cannot follow ($dynamicRef to a missing anchor), or
+            # an instance nested past the recursion limit: the value is not known to be
+            # valid, so it is reported, never passed.
+            return [f"the after-check could not run: {type(error).__name__}: {error}"]
 
     def serialize(self, instance: Any) -> str:
         """The compact JSON text of ``instance`` as the grammar writes it: object keys in
@@ -73,6 +74,18 @@ class CompiledSchema:
     def is_valid(self, instance: Any) -> bool:
         """Whether ``instance`` passes :meth:`check`."""
         return not self.check(instance)
+
+
+def parse_output(text: str) -> tuple[Any, list[str]]:
+    """``(value, [])`` for JSON ``text``, else ``(None, [why])``: not JSON, or nested deeper
+    than Python's JSON reader goes (a recursive schema lets 3,000 nested arrays through the
+    grammar, and ``json.loads`` raised ``RecursionError`` on them). Costs one parse."""
+    try:
+        return json.loads(text), []
+    except json.JSONDecodeError as error:
+        return None, [f"not JSON: {error}"]
+    except RecursionError:
+        return None, ["the output nests deeper than the JSON reader goes (about 1,000 levels)"]
 
 
 def serialize_like_schema(schema: dict[str, Any] | bool, instance: Any) -> str:

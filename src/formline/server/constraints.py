@@ -21,6 +21,7 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
+from formline.grammar.budget import DEFAULT_COMPILE_SECONDS, CompileBudget, CompileLimitError
 from formline.grammar.ir import Choice as ChoiceNode
 from formline.grammar.ir import Grammar, GrammarError, RuleReference
 from formline.grammar.regex import parse_regex
@@ -33,6 +34,9 @@ from formline.server.errors import ApiError
 from formline.server.requests import ChatRequest, Constraint, Tool
 from formline.vocab import Vocabulary
 
+# A request whose deadline is (nearly) spent still gets this much: its compile then fails
+# at once with a 400 naming the time limit, instead of a budget of zero.
+MINIMUM_SECONDS = 0.05
 AUTO_START = "formline_tool_or_text"
 FREE_TEXT_NOT_JSON = r"[^{\[][\s\S]*"
 
@@ -83,20 +87,28 @@ class ClientSchemaCheck:
 
 
 def plan_output(
-    request: ChatRequest, vocabulary: Vocabulary, deadline: float | None = None
+    request: ChatRequest,
+    vocabulary: Vocabulary,
+    deadline: float | None = None,
+    compile_seconds: float = DEFAULT_COMPILE_SECONDS,
 ) -> OutputPlan:
     """The compiled constraint of ``request`` for ``vocabulary``.
 
-    ``deadline`` (a ``time.monotonic()`` value): the request's; a compile that ends past it
-    is a 504 (the compile itself is not yet interrupted at it).
+    ``deadline`` (a ``time.monotonic()`` value): the request's. The compile's budget is
+    ``compile_seconds`` or what is left before ``deadline``, whichever is less, and the
+    compile stops at it (a 400 naming the limit), so a hostile schema costs at most that.
 
     Raises:
-        ApiError: 400 for a schema, regex or grammar that does not compile (the message
-            names the request field and, for a schema, the keyword and JSON pointer); 504
-            when the compile ended past ``deadline``.
+        ApiError: 400 for a schema, regex or grammar that does not compile or is past a
+            compile limit (time, states, counts; the message names the request field, the
+            limit and, for a schema, the keyword and JSON pointer); 504 when the request
+            was already past ``deadline`` once compiled.
     Costs one compile the first time a constraint is seen; a dictionary lookup afterwards.
     """
-    plan = _plan(request, vocabulary)
+    seconds = compile_seconds
+    if deadline is not None:
+        seconds = min(seconds, deadline - time.monotonic())
+    plan = _plan(request, vocabulary, CompileBudget(seconds=max(seconds, MINIMUM_SECONDS)))
     if deadline is not None and time.monotonic() > deadline:
         raise ApiError(
             "compiling the output constraint ran past this server's time limit per request; "
@@ -108,35 +120,39 @@ def plan_output(
     return plan
 
 
-def _plan(request: ChatRequest, vocabulary: Vocabulary) -> OutputPlan:
+def _plan(request: ChatRequest, vocabulary: Vocabulary, budget: CompileBudget) -> OutputPlan:
     if request.tool_choice != "none":
-        return _tool_plan(request, vocabulary)
+        return _tool_plan(request, vocabulary, budget)
     constraint = request.constraint
     try:
-        return _constraint_plan(constraint, vocabulary)
+        return _constraint_plan(constraint, vocabulary, budget)
     except SchemaError as error:
         raise _schema_error(error, constraint.param) from error
     except GrammarError as error:
         raise ApiError(
             f"{constraint.param} does not compile: {error}",
             param=constraint.param,
-            code="invalid_grammar",
+            code=_grammar_code(error),
         ) from error
 
 
-def _constraint_plan(constraint: Constraint, vocabulary: Vocabulary) -> OutputPlan:
+def _constraint_plan(
+    constraint: Constraint, vocabulary: Vocabulary, budget: CompileBudget
+) -> OutputPlan:
     kind, value = constraint.kind, constraint.value
     if kind == "text":
         return OutputPlan(None, None, "")
     if kind == "regex":
-        compiled = compile_grammar(Grammar.from_regex(value), vocabulary)
+        compiled = compile_grammar(Grammar.from_regex(value), vocabulary, budget=budget)
         return OutputPlan(compiled, None, f"Answer with text matching the regex {value}")
     if kind == "choice":
-        compiled = compile_grammar(Grammar.from_choices(value), vocabulary)
+        compiled = compile_grammar(Grammar.from_choices(value), vocabulary, budget=budget)
         return OutputPlan(compiled, None, "Answer with exactly one of: " + ", ".join(value))
     if kind == "grammar":
-        return OutputPlan(compile_grammar(Grammar.from_ebnf(value), vocabulary), None, "")
-    checker = _compile(value, vocabulary, constraint.strict)
+        return OutputPlan(
+            compile_grammar(Grammar.from_ebnf(value), vocabulary, budget=budget), None, ""
+        )
+    checker = _compile(value, vocabulary, constraint.strict, budget)
     original = ClientSchemaCheck(value)
     if kind == "json_object":
         return OutputPlan(
@@ -149,23 +165,32 @@ def _constraint_plan(constraint: Constraint, vocabulary: Vocabulary) -> OutputPl
     )
 
 
-def _compile(schema: Any, vocabulary: Vocabulary, strict: bool) -> CompiledSchema:
+def _compile(
+    schema: Any, vocabulary: Vocabulary, strict: bool, budget: CompileBudget
+) -> CompiledSchema:
     """``strict``: an unsupported keyword is an error; otherwise it is checked after. Open
     objects are closed first, as vLLM's xgrammar does (see :mod:`.closing`); the nesting is
     checked before, as closing recurses per level."""
     on_unsupported = "error" if strict else "check_after"
     check_nesting(schema, 2 * SchemaOptions().max_depth)
-    return compile_schema(close_objects(schema), vocabulary, on_unsupported=on_unsupported)
+    return compile_schema(
+        close_objects(schema), vocabulary, on_unsupported=on_unsupported, budget=budget
+    )
+
+
+def _grammar_code(error: GrammarError) -> str:
+    return "compile_limit_exceeded" if isinstance(error, CompileLimitError) else "invalid_grammar"
 
 
 def _schema_error(error: SchemaError, param: str) -> ApiError:
     pointer = error.pointer or "/"
     keyword = f" (keyword '{error.keyword}')" if error.keyword else ""
+    limit = f" (compile limit '{error.limit}')" if error.limit else ""
     return ApiError(
-        f"{param}: the schema cannot be compiled: {error.message}{keyword} at JSON pointer "
-        f"{pointer}",
+        f"{param}: the schema cannot be compiled: {error.message}{keyword}{limit} at JSON "
+        f"pointer {pointer}",
         param=param,
-        code="invalid_schema",
+        code="compile_limit_exceeded" if error.limit else "invalid_schema",
     )
 
 
@@ -199,13 +224,13 @@ def _tools_description(tools: list[Tool], parallel: bool) -> str:
     return "\n".join(lines)
 
 
-def _tool_plan(request: ChatRequest, vocabulary: Vocabulary) -> OutputPlan:
+def _tool_plan(request: ChatRequest, vocabulary: Vocabulary, budget: CompileBudget) -> OutputPlan:
     tools, strict = request.tools, all(tool.strict for tool in request.tools)
     if request.tool_choice == "named":
         index, tool = next((i, t) for i, t in enumerate(tools) if t.name == request.named_tool)
         param = f"tools[{index}].function.parameters"
         try:
-            checker = _compile(tool.parameters, vocabulary, tool.strict)
+            checker = _compile(tool.parameters, vocabulary, tool.strict, budget)
         except SchemaError as error:
             raise _schema_error(error, param) from error
         description = (
@@ -219,15 +244,15 @@ def _tool_plan(request: ChatRequest, vocabulary: Vocabulary) -> OutputPlan:
     max_calls = request.max_tool_calls if request.parallel_tool_calls else 1
     schema = tool_call_schema(tools, max_calls)
     try:
-        checker = _compile(schema, vocabulary, strict)
+        checker = _compile(schema, vocabulary, strict, budget)
         compiled = checker.compiled_grammar
         if request.tool_choice == "auto":
-            compiled = compile_grammar(_tool_or_text(schema, strict), vocabulary)
+            compiled = compile_grammar(_tool_or_text(schema, strict), vocabulary, budget=budget)
     except SchemaError as error:
         raise _schema_error(error, _tool_at(error.pointer, len(tools) > 1)) from error
     except GrammarError as error:
         raise ApiError(
-            f"tools do not compile: {error}", param="tools", code="invalid_grammar"
+            f"tools do not compile: {error}", param="tools", code=_grammar_code(error)
         ) from error
     mode = "tool_auto" if request.tool_choice == "auto" else "tool_wrapped"
     description = _tools_description(tools, max_calls > 1)

@@ -95,7 +95,9 @@ class Engine:
         400s, and its 504 past ``deadline``), counted in :attr:`compiling` while it runs.
         Costs one compile the first time a constraint is seen."""
         with self.counting_compile():
-            return plan_output(request, self.backend.vocabulary, deadline)
+            return plan_output(
+                request, self.backend.vocabulary, deadline, self.limits.compile_seconds
+            )
 
     @contextmanager
     def counting_compile(self) -> Iterator[None]:

@@ -58,6 +58,7 @@ class Limits:
     default_max_tokens: int = 256
     max_n: int = 8
     request_seconds: float = 300.0  # waiting for the model plus decoding, per request
+    compile_seconds: float = 10.0  # one constraint's compile (a 400 past it)
     max_tool_calls: int = 8  # tool calls in one answer (parallel_tool_calls)
 
 
