@@ -131,6 +131,15 @@ SCHEMAS = [
         (("max_string_length", -5),),
     ),
     HostileSchema("the oneOf of issue 15", ONE_OF, None),
+    HostileSchema("an integer maximum of 1e300", {"type": "integer", "maximum": 1e300}, None),
+    HostileSchema(
+        "counts of 1e30",
+        {"type": "object", "maxProperties": 10**30, "minProperties": 10**29},
+        ("SchemaError", "limit 'repetition'"),
+    ),
+    HostileSchema(
+        "a float maxItems of 1e30", {"type": "array", "maxItems": 1e30}, ("SchemaError", "maxItems")
+    ),
 ]
 
 
