@@ -244,6 +244,13 @@ def _number(body: dict[str, Any], key: str, default: float, low: float, high: fl
     return float(value)
 
 
+def _optional_boolean(value: Any, param: str) -> bool | None:
+    """``value`` when it is a boolean or absent (``None``); else a 400 naming ``param``."""
+    if value is not None and not isinstance(value, bool):
+        raise ApiError(f"{param} must be true or false", param=param, code="invalid_type")
+    return value
+
+
 def _boolean(body: dict[str, Any], key: str, default: bool, param: str | None = None) -> bool:
     value = body.get(key, default)
     if not isinstance(value, bool):
@@ -328,12 +335,7 @@ def _response_format(value: Any, limits: Limits) -> Constraint:
     for key in ("name", "description"):
         if spec.get(key) is not None:
             _string(spec[key], f"{param}.json_schema.{key}")
-    strict = spec.get("strict")
-    if strict is not None and not isinstance(strict, bool):
-        raise ApiError(
-            f"{param}.json_schema.strict must be true or false",
-            param=f"{param}.json_schema.strict", code="invalid_type",
-        )  # fmt: skip
+    strict = _optional_boolean(spec.get("strict"), f"{param}.json_schema.strict")
     param = f"{param}.json_schema.schema"
     return Constraint("json_schema", _schema(spec["schema"], param, limits), bool(strict), param)
 
@@ -418,12 +420,7 @@ def _tool(entry: Any, param: str, limits: Limits) -> Tool:
     description = function.get("description")
     if description is not None:
         _string(description, f"{param}.function.description")
-    strict = function.get("strict")
-    if strict is not None and not isinstance(strict, bool):
-        raise ApiError(
-            f"{param}.function.strict must be true or false",
-            param=f"{param}.function.strict", code="invalid_type",
-        )  # fmt: skip
+    strict = _optional_boolean(function.get("strict"), f"{param}.function.strict")
     parameters = function.get("parameters")
     if parameters is None:
         parameters = {"type": "object", "properties": {}, "additionalProperties": False}
