@@ -271,17 +271,23 @@ COMPILE_CASES: list[tuple[str, dict[str, Any], str]] = [
         "tools[0].function.parameters",
     ),
     # Issue 15: each of these held the server for minutes or crashed it before the compile
-    # budget; now each is a 400 naming the limit within the compile's budget.
+    # budget; now each is a 400 naming the limit within the compile's budget. Strict: a
+    # non-strict schema leaves a count too large to unroll to the after-check (a 200).
     (
         "maxProperties 1e9",
-        {"response_format": schema_format(schema={"type": "object", "maxProperties": 10**9})},
+        {
+            "response_format": schema_format(
+                strict=True, schema={"type": "object", "maxProperties": 10**9}
+            )
+        },
         "response_format.json_schema.schema",
     ),
     (
         "maxItems 1e9 of objects",
         {
             "response_format": schema_format(
-                schema={"type": "array", "items": {"type": "object"}, "maxItems": 10**9}
+                strict=True,
+                schema={"type": "array", "items": {"type": "object"}, "maxItems": 10**9},
             )
         },
         "response_format.json_schema.schema",
@@ -290,7 +296,7 @@ COMPILE_CASES: list[tuple[str, dict[str, Any], str]] = [
         "an exponential pattern",
         {
             "response_format": schema_format(
-                schema={"type": "string", "pattern": "(a|b)*a(a|b){20}"}
+                strict=True, schema={"type": "string", "pattern": "(a|b)*a(a|b){20}"}
             )
         },
         "response_format.json_schema.schema",
@@ -298,7 +304,11 @@ COMPILE_CASES: list[tuple[str, dict[str, Any], str]] = [
     ("a regex of a million unrolled bytes", {"guided_regex": "(a{1000}){1000}"}, "guided_regex"),
     (
         "an unknown $schema",
-        {"response_format": schema_format(schema={"$schema": "urn:mine", "type": "integer"})},
+        {
+            "response_format": schema_format(
+                strict=True, schema={"$schema": "urn:mine", "type": "integer"}
+            )
+        },
         "response_format.json_schema.schema",
     ),
 ]
