@@ -9,6 +9,7 @@ and :mod:`formline.schema`. Importing formline imports no model engine.
 """
 
 from formline.compiler import GrammarCompiler
+from formline.errors import FormlineError
 from formline.grammar import Grammar
 from formline.grammar.budget import CompileBudget, CompileLimitError
 from formline.pipeline.extract import Extraction, Failed, extract
@@ -29,6 +30,7 @@ __all__ = [
     "CompileLimitError",
     "Extraction",
     "Failed",
+    "FormlineError",
     "Grammar",
     "GrammarCompiler",
     "InvalidOutput",

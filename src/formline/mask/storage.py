@@ -19,6 +19,7 @@ from typing import Any
 
 import numpy as np
 
+from formline.errors import FormlineError
 from formline.mask.compiled import CompiledGrammar, CompileStatistics, call_arrays
 from formline.native import NativeTokenTable
 from formline.parser.pushdown import PushdownAutomaton
@@ -30,7 +31,7 @@ SUFFIX = ".npz"
 STALE_SECONDS = 3600  # a temporary file this old belongs to no running writer
 
 
-class StoredGrammarError(ValueError):
+class StoredGrammarError(FormlineError, ValueError):
     """Stored bytes that are not a compiled grammar of this version, key and vocabulary."""
 
 

@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Any, ClassVar, NoReturn
 
 from formline.backends.base import Backend
+from formline.errors import FormlineError
 from formline.pipeline.escape_hatches import apply_escape_hatches, follow_reference
 from formline.pipeline.generate import backend_for, generate
 from formline.pipeline.pressure import DEFAULT_THRESHOLD, FieldPressure
@@ -117,7 +118,7 @@ class Failed:
         raise ExtractionFailed(self)
 
 
-class ExtractionFailed(ValueError):  # noqa: N818 (pairs with TruncatedOutput, InvalidOutput)
+class ExtractionFailed(FormlineError, ValueError):  # noqa: N818 (pairs with TruncatedOutput, InvalidOutput)
     """Raised by :meth:`Failed.raise_`; ``failed`` is the :class:`Failed` result."""
 
     def __init__(self, failed: Failed):

@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from formline.backends.base import Backend, Generation, Sampling, load_backend
+from formline.errors import FormlineError
 from formline.grammar.ir import Grammar
 from formline.mask.compiler import compile_grammar
 from formline.mask.matcher import GrammarMatcher
@@ -50,7 +51,7 @@ class Choice:
         object.__setattr__(self, "options", tuple(options))
 
 
-class TruncatedOutput(ValueError):  # noqa: N818 (the name the API promises)
+class TruncatedOutput(FormlineError, ValueError):  # noqa: N818 (the name the API promises)
     """Decoding stopped at ``max_tokens`` before the output was complete; ``text`` holds
     what was written."""
 
@@ -62,7 +63,7 @@ class TruncatedOutput(ValueError):  # noqa: N818 (the name the API promises)
         )
 
 
-class InvalidOutput(ValueError):  # noqa: N818 (pairs with TruncatedOutput)
+class InvalidOutput(FormlineError, ValueError):  # noqa: N818 (pairs with TruncatedOutput)
     """The output broke a constraint the grammar could not enforce (found by the
     after-check), or did not parse in free mode; ``errors`` says how."""
 

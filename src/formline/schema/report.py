@@ -12,13 +12,15 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from formline.errors import FormlineError
+
 
 def escape_pointer(name: str) -> str:
     """A property name as a JSON pointer segment (RFC 6901)."""
     return name.replace("~", "~0").replace("/", "~1")
 
 
-class SchemaError(ValueError):
+class SchemaError(FormlineError, ValueError):
     """A schema that formline cannot compile: invalid, unresolvable, unsupported or too big.
 
     ``pointer`` is the JSON pointer of the schema object at fault (``""`` is the root) and

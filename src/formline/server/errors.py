@@ -8,8 +8,10 @@ from __future__ import annotations
 
 from typing import Any
 
+from formline.errors import FormlineError
 
-class ApiError(Exception):
+
+class ApiError(FormlineError):
     """A request the server refuses: ``status`` (4xx), a message naming what is wrong,
     ``param`` (the request field at fault, dotted) and a machine-readable ``code``."""
 

@@ -20,6 +20,8 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from formline.errors import FormlineError
+
 END_OF_GENERATION_TEXTS = frozenset(
     {
         "<|endoftext|>",
@@ -46,7 +48,7 @@ and ``from_huggingface``, on top of the ids the tokenizer declares as eos/eot/eo
 _FINGERPRINT_VERSION = b"formline-vocabulary-fingerprint-v1\x00"
 
 
-class VocabularyError(ValueError):
+class VocabularyError(FormlineError, ValueError):
     """A vocabulary cannot be built: bad ids, sizes, or an unsupported/corrupt tokenizer."""
 
 
