@@ -44,6 +44,43 @@ def compact_json(value: Any) -> bytes:
     return text.encode("utf-8", "backslashreplace")
 
 
+def is_json_number(value: Any) -> bool:
+    """Whether ``value`` is a JSON number (not a boolean)."""
+    return isinstance(value, int | float) and not isinstance(value, bool)
+
+
+def number_spellings(value: int | float) -> list[bytes]:
+    """The compact texts of the values equal to ``value`` under JSON Schema: 1 and 1.0 are
+    one value, so is 1e20 and 100000000000000000000 (an enum of 1e20 refused the integer;
+    a const ``[1.0]`` refused ``[1]``). A spelling is added only where it is exactly equal:
+    ``10**20 + 1`` is not ``1e+20``. Costs O(digits)."""
+    texts = [compact_json(value)]
+    if isinstance(value, float) and value.is_integer():
+        texts.append(compact_json(int(value)))
+    elif isinstance(value, int):
+        try:
+            as_float = float(value)
+        except OverflowError:  # past 1.8e308: no float spells it
+            as_float = None
+        if as_float is not None and as_float == value:
+            texts.append(compact_json(as_float))
+    return list(dict.fromkeys(texts))
+
+
+def _has_number(value: Any) -> bool:
+    """Whether a JSON value holds a number anywhere (iterative)."""
+    pending = [value]
+    while pending:
+        current = pending.pop()
+        if is_json_number(current):
+            return True
+        if isinstance(current, dict):
+            pending.extend(current.values())
+        elif isinstance(current, list):
+            pending.extend(current)
+    return False
+
+
 def is_nothing(node: Node) -> bool:
     """Whether ``node`` is the node that matches nothing."""
     return isinstance(node, Choice) and not node.options
@@ -96,8 +133,12 @@ class JsonText:
         return length_node(minimum, maximum)
 
     def literal(self, value: Any) -> Node:
-        """Exactly the compact text of ``value`` (with the configured whitespace inside)."""
-        if self.whitespace and isinstance(value, dict | list):
+        """Exactly the compact text of ``value`` (with the configured whitespace inside),
+        each number in every spelling JSON Schema's equality admits (see
+        :func:`number_spellings`), at any depth."""
+        if is_json_number(value):
+            return choice([Literal(text) for text in number_spellings(value)])
+        if isinstance(value, dict | list) and (self.whitespace or _has_number(value)):
             return self._spaced_literal(value)
         return Literal(compact_json(value))
 
