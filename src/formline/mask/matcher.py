@@ -164,7 +164,8 @@ class GrammarMatcher:
         """
         words = self.next_token_mask_words().view(np.int32)
         if isinstance(bitmask, np.ndarray):
-            check_bitmask(bitmask.shape, str(bitmask.dtype), index, words.shape[0])
+            is_int32 = bitmask.dtype == np.int32
+            check_bitmask(bitmask.shape, is_int32, bitmask.dtype, index, words.shape[0])
             row = bitmask[index] if bitmask.ndim == 2 else bitmask
             row[: words.shape[0]] = words
             row[words.shape[0] :] = 0
@@ -174,8 +175,8 @@ class GrammarMatcher:
             raise TypeError(
                 f"bitmask must be a numpy array or a torch tensor, got {type(bitmask).__name__}"
             )
-        dtype = str(bitmask.dtype).removeprefix("torch.")
-        check_bitmask(tuple(bitmask.shape), dtype, index, words.shape[0])
+        is_int32 = bitmask.dtype == torch.int32
+        check_bitmask(tuple(bitmask.shape), is_int32, bitmask.dtype, index, words.shape[0])
         row = bitmask[index] if bitmask.dim() == 2 else bitmask
         row[: words.shape[0]].copy_(torch.from_numpy(words.copy()))
         row[words.shape[0] :] = 0
