@@ -27,7 +27,7 @@ from formline.schema.json_text import (
 from formline.schema.merge import Schema, as_object, merge
 from formline.schema.patterns import pattern_node
 from formline.schema.report import SchemaError, escape_pointer
-from formline.schema.values import _count, _repeated
+from formline.schema.values import count_keyword, repeated_items
 
 if TYPE_CHECKING:
     from formline.schema.compiler import SchemaCompiler
@@ -62,8 +62,8 @@ class _Members:
         self.resolver = resolver
         self.depth = depth
         self.text = compiler.text
-        self.minimum = _count(schema, "minProperties", pointer)
-        self.maximum = _count(schema, "maxProperties", pointer, None)
+        self.minimum = count_keyword(schema, "minProperties", pointer)
+        self.maximum = count_keyword(schema, "maxProperties", pointer, None)
         self.cap = self.maximum if self.maximum is not None else max(self.minimum, 1)
         properties = schema.get("properties", {})
         required = schema.get("required", [])
@@ -289,7 +289,7 @@ class _Members:
         highest = None if self.maximum is None else self.maximum - written
         if is_nothing(extra):
             return EMPTY if lowest == 0 else NOTHING
-        return _repeated(
+        return repeated_items(
             self.compiler,
             extra,
             (lowest, highest),

@@ -251,8 +251,8 @@ def string_value(compiler: SchemaCompiler, schema: Schema, pointer: str) -> Node
 
 
 def _length_body(compiler: SchemaCompiler, schema: Schema, pointer: str, body: Node | None) -> Node:
-    minimum = _count(schema, "minLength", pointer)
-    maximum = _count(schema, "maxLength", pointer, None)
+    minimum = count_keyword(schema, "minLength", pointer)
+    maximum = count_keyword(schema, "maxLength", pointer, None)
     if body is not None:
         for keyword in ("minLength", "maxLength"):
             if keyword in schema:
@@ -282,7 +282,13 @@ def _checked_after_here(compiler: SchemaCompiler, pointer: str) -> set[str]:
     return {use.keyword for use in compiler.report.checked_after if use.pointer == pointer}
 
 
-def _count(schema: Schema, keyword: str, pointer: str, default: int | None = 0) -> Any:
+def count_keyword(schema: Schema, keyword: str, pointer: str, default: int | None = 0) -> Any:
+    """The non-negative integer of count ``keyword`` (``minItems``, ``maxLength``, ...), or
+    ``default`` when absent; an integral float counts (``1e30``).
+
+    Raises:
+        SchemaError: not a non-negative integer (named with its pointer).
+    """
     value = schema.get(keyword, default)
     if value is None:
         return None
@@ -299,8 +305,8 @@ def array_value(
     """``[`` prefix items, then repeated items, ``]`` with minItems/maxItems."""
     text = compiler.text
     prefix_schemas, items_schema, items_keyword = _array_items(compiler, schema, pointer)
-    minimum = _count(schema, "minItems", pointer)
-    maximum = _count(schema, "maxItems", pointer, None)
+    minimum = count_keyword(schema, "minItems", pointer)
+    maximum = count_keyword(schema, "maxItems", pointer, None)
     for keyword in ("minItems", "maxItems", "prefixItems", "items", "additionalItems"):
         if keyword in schema:
             compiler.record("enforced", keyword, pointer)
@@ -354,7 +360,7 @@ def _elements(
     count = len(prefix)
     if maximum is not None and maximum < count:
         prefix, count = prefix[:maximum], maximum
-    tail = _repeated(
+    tail = repeated_items(
         compiler,
         item,
         (max(0, minimum - count), None if maximum is None else maximum - count),
@@ -368,7 +374,7 @@ def _elements(
     return tail
 
 
-def _repeated(
+def repeated_items(
     compiler: SchemaCompiler,
     item: Node,
     counts: tuple[int, int | None],
