@@ -11,7 +11,8 @@ import pytest
 from hostile_bodies import CASES, RAW_BODIES, TOOL, body_for, tool
 
 from formline.backends.base import Generation
-from formline.server.constraints import ClientSchemaCheck, OutputPlan
+from formline.schema.api import SchemaCheck
+from formline.server.constraints import OutputPlan
 from formline.server.engine import INVALID_FINISH, read_choice
 from formline.server.errors import ApiError
 from formline.server.requests import SEED_RANGE, Limits, parse_body, parse_chat_request
@@ -82,7 +83,7 @@ def generation(text: str, finish: str = "stop") -> Generation:
 
 def test_an_answer_the_clients_schema_refuses_is_reported_not_stop() -> None:
     schema = {"type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a"]}
-    plan = OutputPlan(None, None, "", "content", True, client_check=ClientSchemaCheck(schema))
+    plan = OutputPlan(None, None, "", "content", True, client_check=SchemaCheck(schema))
     valid = read_choice(generation('{"a": 1}'), plan)
     assert valid.finish_reason == "stop" and not valid.errors
     invalid = read_choice(generation('{"a": "one"}'), plan)
@@ -93,5 +94,5 @@ def test_an_answer_the_clients_schema_refuses_is_reported_not_stop() -> None:
 
 
 def test_the_clients_format_is_checked_with_its_drafts_checker() -> None:
-    check = ClientSchemaCheck({"type": "string", "format": "date"})
+    check = SchemaCheck({"type": "string", "format": "date"})
     assert check.check("2024-02-30") and not check.check("2024-02-29")

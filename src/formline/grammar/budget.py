@@ -14,7 +14,7 @@ the time limit is not (it only decides whether this attempt finishes).
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from formline.grammar.ir import GrammarError
 
@@ -78,11 +78,6 @@ class Deadline:
 
     at: float
     seconds: float
-    checks: int = field(default=0, repr=False)
-
-    def remaining(self) -> float:
-        """Seconds left (negative once past)."""
-        return self.at - time.monotonic()
 
     def check(self, doing: str) -> None:
         """Raise if the deadline has passed. Costs one clock read (about 50 ns).
@@ -90,7 +85,6 @@ class Deadline:
         Raises:
             CompileLimitError: past the deadline; the message says what was being done.
         """
-        self.checks += 1
         if time.monotonic() > self.at:
             raise CompileLimitError(
                 f"the compile ran past its time budget of {self.seconds:g} s while {doing}; "

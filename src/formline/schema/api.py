@@ -31,6 +31,30 @@ from formline.schema.report import SchemaError, SchemaReport
 from formline.vocab import Vocabulary
 
 
+class SchemaCheck:
+    """Validation of instances against ``schema`` as formline's after-check does it: the
+    schema's own draft validator with that draft's format checker (built on first use)."""
+
+    def __init__(self, schema: dict[str, Any] | bool):
+        self.schema = schema
+        self.validator: Any = None
+
+    def check(self, instance: Any) -> list[str]:
+        """Every way ``instance`` breaks the schema (``[]``: valid). A check that cannot run
+        (a ``$dynamicRef`` to a missing anchor, an instance nested past the recursion limit)
+        is reported as a finding, never passed. Costs one ``jsonschema`` validation."""
+        try:
+            if self.validator is None:
+                self.validator = _validator(self.schema)
+            return [
+                f"{error.message} (at {'/' + '/'.join(str(p) for p in error.absolute_path)})"
+                for error in self.validator.iter_errors(instance)
+            ]
+        except (Unresolvable, RecursionError, ValueError) as error:  # jsonschema wraps
+            # its reference errors in Unresolvable; an invalid schema is a ValueError there.
+            return [f"the after-check could not run: {type(error).__name__}: {error}"]
+
+
 @dataclass
 class CompiledSchema:
     """A schema compiled for one vocabulary: grammar, masks, report and after-check."""
@@ -40,7 +64,7 @@ class CompiledSchema:
     compiled_grammar: CompiledGrammar
     report: SchemaReport
     options: SchemaOptions
-    _validator: Any = field(default=None, repr=False)
+    _after_check: SchemaCheck | None = field(default=None, repr=False)
 
     def matcher(self, max_rollback_tokens: int | None = None) -> GrammarMatcher:
         """A fresh matcher (per sequence) over this schema's grammar."""
@@ -52,18 +76,9 @@ class CompiledSchema:
         Validates against the whole schema, not just the keywords reported as checked after,
         so it is also a second opinion on the grammar. Costs one ``jsonschema`` validation.
         """
-        if self._validator is None:
-            self._validator = _validator(self.schema)
-        try:
-            return [
-                f"{error.message} (at {'/' + '/'.join(str(p) for p in error.absolute_path)})"
-                for error in self._validator.iter_errors(instance)
-            ]
-        except (Unresolvable, RecursionError) as error:  # jsonschema wraps reference errors
-            # A reference the validator cannot follow ($dynamicRef to a missing anchor), or
-            # an instance nested past the recursion limit: the value is not known to be
-            # valid, so it is reported, never passed.
-            return [f"the after-check could not run: {type(error).__name__}: {error}"]
+        if self._after_check is None:
+            self._after_check = SchemaCheck(self.schema)
+        return self._after_check.check(instance)
 
     def serialize(self, instance: Any) -> str:
         """The compact JSON text of ``instance`` as the grammar writes it: object keys in

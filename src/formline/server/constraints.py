@@ -28,6 +28,7 @@ from formline.grammar.regex import parse_regex
 from formline.mask.compiled import CompiledGrammar
 from formline.mask.compiler import compile_grammar
 from formline.schema import CompiledSchema, SchemaError, compile_schema, schema_to_grammar
+from formline.schema.api import SchemaCheck
 from formline.schema.compiler import SchemaOptions, check_nesting
 from formline.server.closing import close_objects
 from formline.server.errors import ApiError
@@ -57,33 +58,7 @@ class OutputPlan:
     mode: str = "content"
     is_json: bool = False
     tool_name: str | None = None
-    client_check: ClientSchemaCheck | None = None
-
-
-class ClientSchemaCheck:
-    """The client's schema as sent (before :func:`close_objects`), validated as formline's
-    after-check validates (:meth:`CompiledSchema.check`): its own draft's validator with
-    that draft's format checker. The validator is built on the first check."""
-
-    def __init__(self, schema: dict[str, Any] | bool):
-        self.schema = schema
-        self.validator: Any = None
-
-    def check(self, instance: Any) -> list[str]:
-        """Every way ``instance`` breaks the client's schema (``[]``: valid). Costs one
-        ``jsonschema`` validation (plus building the validator, once)."""
-        from jsonschema.validators import Draft202012Validator, validator_for
-
-        try:
-            if self.validator is None:
-                cls = validator_for(self.schema, default=Draft202012Validator)
-                self.validator = cls(self.schema, format_checker=cls.FORMAT_CHECKER)
-            return [
-                f"{error.message} (at {'/' + '/'.join(str(p) for p in error.absolute_path)})"
-                for error in self.validator.iter_errors(instance)
-            ]
-        except Exception as error:  # a check that cannot run must not pass the value
-            return [f"the value could not be checked against the schema: {error}"]
+    client_check: SchemaCheck | None = None
 
 
 def plan_output(
@@ -153,7 +128,7 @@ def _constraint_plan(
             compile_grammar(Grammar.from_ebnf(value), vocabulary, budget=budget), None, ""
         )
     checker = _compile(value, vocabulary, constraint.strict, budget)
-    original = ClientSchemaCheck(value)
+    original = SchemaCheck(value)
     if kind == "json_object":
         return OutputPlan(
             checker.compiled_grammar, checker, "Answer with a JSON object.", "content", True,
@@ -239,7 +214,7 @@ def _tool_plan(request: ChatRequest, vocabulary: Vocabulary, budget: CompileBudg
         )
         return OutputPlan(
             checker.compiled_grammar, checker, description, "tool_named", True, tool.name,
-            ClientSchemaCheck(tool.parameters),
+            SchemaCheck(tool.parameters),
         )  # fmt: skip
     max_calls = request.max_tool_calls if request.parallel_tool_calls else 1
     schema = tool_call_schema(tools, max_calls)
@@ -256,9 +231,7 @@ def _tool_plan(request: ChatRequest, vocabulary: Vocabulary, budget: CompileBudg
         ) from error
     mode = "tool_auto" if request.tool_choice == "auto" else "tool_wrapped"
     description = _tools_description(tools, max_calls > 1)
-    return OutputPlan(
-        compiled, checker, description, mode, True, client_check=ClientSchemaCheck(schema)
-    )
+    return OutputPlan(compiled, checker, description, mode, True, client_check=SchemaCheck(schema))
 
 
 def _tool_at(pointer: str | None, several: bool) -> str:
