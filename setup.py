@@ -12,7 +12,12 @@ KERNEL = Extension(
     "formline.native._kernel",
     sources=["src/formline/native/_kernel.pyx"],
     include_dirs=["src/formline/native"],
-    depends=["src/formline/native/kernel.hpp"],
+    depends=[
+        "src/formline/native/kernel.hpp",
+        "src/formline/native/hopcroft.hpp",
+        "src/formline/native/pushdown_build.hpp",
+        "src/formline/native/thompson.hpp",
+    ],
     language="c++",
     extra_compile_args=["-std=c++17", "-O3"],
 )

@@ -112,7 +112,9 @@ SCHEMAS = [
             "properties": {"a" * 3000: {"type": "integer"}},
             "additionalProperties": {"type": "string"},
         },
-        ("SchemaError", "DFA states"),
+        # Compiles since the NFA builder shares the rest-of-key grammar between the name's
+        # 3,000 trie nodes (it was over the 20,000 DFA-state limit).
+        None,
     ),
     HostileSchema(
         "an exponential pattern",

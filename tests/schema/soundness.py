@@ -943,7 +943,12 @@ class Tokenizer:
             return []
         data = text.encode("utf-8")
         ids: list[int] = list(self.tokenizer.encode(text, add_special_tokens=False))
-        if b"".join(self.vocabulary.token_bytes[i] for i in ids) == data:
+        # A text that spells a special token ("<|endoftext|>" as a key: hypothesis drew one)
+        # is encoded as that token by the tokenizer, and a matcher reads it as the stop.
+        plain = not any(
+            i in self.vocabulary.special_ids or i in self.vocabulary.eos_ids for i in ids
+        )
+        if plain and b"".join(self.vocabulary.token_bytes[i] for i in ids) == data:
             return list(ids)
         self.greedy += 1
         pieces: list[Piece] = []

@@ -114,6 +114,14 @@ def determinize(nfa: Nfa, state_limit: int = DEFAULT_DFA_STATE_LIMIT) -> Dfa:
             "dfa_states",
             state_limit,
         )
+    return dfa_from_native(result, rules)
+
+
+def dfa_from_native(
+    result: tuple[bytes, int, bytes, bytes, bytes, bytes, bytes, int], rules: list[str]
+) -> Dfa:
+    """A :class:`Dfa` from the kernel's subset construction (its arrays as bytes; call rules
+    as indices into ``rules``). Costs O(states x 256) for the byte table."""
     classes, class_count, rows, accepting, begin, rule_column, target_column, states = result
     class_table = np.frombuffer(rows, dtype=np.int32).reshape(states, class_count)
     transitions = np.ascontiguousarray(class_table[:, np.frombuffer(classes, dtype=np.int32)])

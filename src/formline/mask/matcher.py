@@ -37,9 +37,8 @@ class GrammarMatcher:
         self.compiled = compiled
         self.max_rollback_tokens = max_rollback_tokens
         self._automaton = compiled.automaton
-        self._token_bytes = compiled.vocabulary.token_bytes
-        self._special = compiled.vocabulary.special_ids
         self._eos = compiled.vocabulary.eos_ids
+        self._vocabulary_size = compiled.vocabulary_size
         self.reset()
 
     def reset(self) -> None:
@@ -82,9 +81,11 @@ class GrammarMatcher:
 
         Raises:
             TokenError: ``token_id`` is outside the vocabulary.
-        Costs O(token bytes x stacks).
+        Costs a dictionary lookup when this configuration has read this token before (the
+        compiled grammar caches steps), else O(token bytes x stacks).
         """
-        self._check_id(token_id)
+        if not 0 <= token_id < self._vocabulary_size:
+            self._check_id(token_id)
         if self._terminated:
             return False
         if token_id in self._eos:
@@ -92,12 +93,7 @@ class GrammarMatcher:
                 return False
             self._push(self._stacks, False, True)
             return True
-        if token_id in self._special:
-            return False
-        data = self._token_bytes[token_id]
-        if not data:
-            return False
-        result = self._automaton.advance(self._stacks, data)
+        result = self.compiled.advance(self._stacks, token_id)
         if result is None:
             return False
         self._push(result[0], result[1], False)

@@ -10,17 +10,23 @@ differential tests compare the kernel with.
 from formline.native._kernel import (
     NativeMaskKernel,
     NativeTokenTable,
+    build_pushdown,
     copy_rows,
     determinize,
+    flatten_rules,
     refine_partition,
+    rule_references,
     trim_states,
 )
 
 __all__ = [
     "NativeMaskKernel",
     "NativeTokenTable",
+    "build_pushdown",
     "copy_rows",
     "determinize",
+    "flatten_rules",
     "refine_partition",
+    "rule_references",
     "trim_states",
 ]

@@ -1,3 +1,5 @@
+from typing import Any
+
 import numpy as np
 
 class NativeTokenTable:
@@ -31,6 +33,9 @@ class NativeMaskKernel:
         cache_limit_bytes: int,
     ) -> None: ...
     def fill(self, flat: np.ndarray, can_end: bool, out: np.ndarray) -> int: ...
+    def advance(
+        self, stacks: frozenset[tuple[int, ...]], data: bytes
+    ) -> tuple[frozenset[tuple[int, ...]], bool] | int | None: ...
     def statistics(self) -> dict[str, int]: ...
     def walk_states(self, states: np.ndarray) -> int: ...
     def is_walked(self, state: int) -> bool: ...
@@ -61,3 +66,32 @@ def determinize(
     accept: int,
     state_limit: int,
 ) -> tuple[bytes, int, bytes, bytes, bytes, bytes, bytes, int] | None: ...
+def build_pushdown(
+    kind: np.ndarray,
+    a: np.ndarray,
+    b: np.ndarray,
+    c: np.ndarray,
+    children: np.ndarray,
+    data: np.ndarray,
+    range_pairs: np.ndarray,
+    rule_root: np.ndarray,
+    rule_called: np.ndarray,
+    start: int,
+    nfa_limit: int,
+    dfa_limit: int,
+    seconds: float,
+) -> dict[str, Any]: ...
+def rule_references(
+    kind: np.ndarray,
+    a: np.ndarray,
+    b: np.ndarray,
+    c: np.ndarray,
+    children: np.ndarray,
+    data: np.ndarray,
+    range_pairs: np.ndarray,
+    rule_root: np.ndarray,
+    rule_called: np.ndarray,
+) -> list[list[int]]: ...
+def flatten_rules(
+    roots: list[Any], rule_number: dict[str, int], classes: tuple[type, ...]
+) -> tuple[bytes, bytes, bytes, bytes, bytes, bytes, bytes, list[int]]: ...

@@ -24,6 +24,8 @@
 #include <utility>
 #include <vector>
 
+#include "hopcroft.hpp"
+
 namespace formline {
 
 constexpr int32_t kBase = -1;          // bottom marker: the walk starts in an unknown context
@@ -378,6 +380,37 @@ class MaskKernel {
     return 0;
   }
 
+  // accept_token's parser step (Python: PushdownAutomaton.advance): reads `length` bytes
+  // from the closed configuration `flat` ([length, states...]*). Returns kDead if a byte is
+  // refused or nothing is left, kStackLimitExceeded, else 1 if the root can end, 0 if not;
+  // the closed configuration goes to `out`. No state is cached: it runs on the caller's data.
+  int advance(const int32_t* flat, int32_t flat_length, const uint8_t* data, int32_t length,
+              Config& out) const {
+    Config current, raw;
+    for (int32_t cursor = 0; cursor < flat_length;) {
+      current.push(flat + cursor + 1, flat[cursor]);
+      cursor += flat[cursor] + 1;
+    }
+    ClosureScratch scratch;
+    int flags = 0;
+    for (int32_t k = 0; k < length; ++k) {
+      const bool special = step(automaton_, current, data[k], raw);
+      if (raw.empty()) return kDead;
+      // One stack under a plain top needs no closure (it is closed, and cannot end); several
+      // may have stepped into one, and the closure also removes the duplicates.
+      if (special || raw.count() > 1) {
+        flags = closure(automaton_, raw, current, scratch);
+        if (flags < 0) return flags;
+      } else {
+        current.swap(raw);
+        flags = 0;
+      }
+    }
+    if (current.empty() && !(flags & 1)) return kDead;
+    out.swap(current);
+    return flags & 1;
+  }
+
   // Walks the states not walked yet (a batch spreads its new states over threads first).
   int walk_states(const int32_t* states, int32_t count) {
     for (int32_t k = 0; k < count; ++k) {
@@ -621,6 +654,15 @@ inline int32_t refine_partition(const int32_t* targets, int32_t states, int32_t 
     for (int32_t k = 0; k < distinct; ++k)
       compact[static_cast<size_t>(state) * distinct + k] =
           targets[static_cast<int64_t>(state) * columns + kept[k]];
+  if (rounds < 0) {  // the fixpoint: Hopcroft, then blocks renumbered in first-seen order
+    hopcroft_refine(compact, states, distinct, partition);
+    std::unordered_map<int32_t, int32_t> renumber;
+    for (int32_t state = 0; state < states; ++state) {
+      auto found = renumber.emplace(partition[state], static_cast<int32_t>(renumber.size()));
+      out[state] = found.first->second;
+    }
+    return static_cast<int32_t>(renumber.size());
+  }
   auto target_label = [&](int32_t state, int32_t column) {
     const int32_t target = compact[static_cast<size_t>(state) * distinct + column];
     return target < 0 ? -1 : partition[target];

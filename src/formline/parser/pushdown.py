@@ -21,21 +21,21 @@ such as lists run in constant stack depth.
 
 from __future__ import annotations
 
-from array import array
 from dataclasses import dataclass, field
 
 import numpy as np
 
-from formline.automata.dfa import Dfa, determinize, live_states, minimize, trim
+from formline.automata.dfa import Dfa, determinize_reference, live_states, minimize, trim
+from formline.automata.native_build import build_tables
 from formline.automata.nfa import build_nfa
 from formline.grammar.budget import (
     DEFAULT_DFA_STATE_LIMIT,
     DEFAULT_NFA_STATE_LIMIT,
     DEFAULT_STACK_LIMIT,
     Deadline,
-    no_deadline,
 )
-from formline.grammar.ir import Grammar, GrammarError, RuleReference, walk
+from formline.grammar.ir import Grammar, GrammarError
+from formline.native import rule_references
 
 Stack = tuple[int, ...]
 BASE = -1  # bottom marker for walks that start in an unknown context
@@ -56,10 +56,14 @@ class PushdownAutomaton:
     rule_names: list[str]
     rule_of_state: np.ndarray  # int32 (states,)
     stack_limit: int = DEFAULT_STACK_LIMIT
-    rows: list[array] = field(default_factory=list, repr=False)
+    table: memoryview = field(init=False, repr=False)
 
     def __post_init__(self) -> None:
-        self.rows = [array("i", row) for row in self.transitions.tolist()]
+        # The byte steps read the table through a flat int32 memoryview, table[state << 8 |
+        # byte]: no copy (rows as Python arrays cost 14 ms of a 30 ms compile of a
+        # 3,000-state schema, or 5 µs per state made on first use, in accept_token's p50).
+        self.transitions = np.ascontiguousarray(self.transitions, dtype=np.int32)
+        self.table = memoryview(self.transitions.reshape(-1).data)
         readable = np.asarray((self.transitions >= 0).any(axis=1), dtype=bool)
         self.has_bytes: list[bool] = [bool(flag) for flag in readable.tolist()]
         self.is_special = [
@@ -124,10 +128,10 @@ class PushdownAutomaton:
 
     def step(self, stacks: frozenset[Stack], byte: int) -> list[Stack]:
         """Stacks after reading ``byte`` (before closure). Costs O(len(stacks))."""
-        rows = self.rows
+        table = self.table
         result = []
         for stack in stacks:
-            target = rows[stack[-1]][byte]
+            target = table[stack[-1] << 8 | byte]
             if target >= 0:
                 result.append(stack[:-1] + (target,))
         return result
@@ -141,7 +145,25 @@ class PushdownAutomaton:
         """
         current = stacks
         can_end = False
-        for byte in data:
+        start = 0
+        if len(stacks) == 1:
+            # One stack whose tops stay plain (inside a string, a number, a key): one table
+            # lookup per byte and no closure; accept_token's p50 was 6.2 µs through step and
+            # closure per byte (bench/results/maskbench.md).
+            (stack,) = stacks
+            top = stack[-1]
+            table, special = self.table, self.is_special
+            for byte in data:
+                top = table[top << 8 | byte]
+                if top < 0:
+                    return None
+                start += 1
+                if special[top]:
+                    break
+            else:
+                return frozenset((stack[:-1] + (top,),)), False
+            current, can_end, _ = self.closure([stack[:-1] + (top,)])
+        for byte in data[start:]:
             raw = self.step(current, byte)
             if not raw:
                 return None
@@ -187,17 +209,47 @@ def build_pushdown(
     deadline: Deadline | None = None,
 ) -> PushdownAutomaton:
     """Compile a grammar: inline non-recursive rules, one minimised DFA per recursive rule
-    (and per rule named in ``grammar.called_rules``).
+    (and per rule named in ``grammar.called_rules``), built natively
+    (:func:`formline.automata.native_build.build_tables`).
 
     Raises:
         GrammarError: left recursion, or a grammar (or start rule) that matches nothing.
         AutomatonLimitError: an automaton over its state limit.
-        CompileLimitError: ``deadline`` passed (checked per rule and inside the NFA build).
-    Costs O(DFA states x 256) after determinisation, which is bounded by the limits.
+        CompileLimitError: ``deadline`` passed.
+    Costs O(distinct IR nodes) in Python plus the native build: about a millisecond for a
+    small JSON schema; determinisation is bounded by the limits.
     """
-    deadline = deadline or no_deadline()
-    called = _recursive_rules(grammar) | grammar.called_rules
-    dfas = _rule_dfas(grammar, called, nfa_state_limit, dfa_state_limit, deadline)
+    called = recursive_rules(grammar) | grammar.called_rules
+    found = build_tables(grammar, called, nfa_state_limit, dfa_state_limit, deadline)
+    states = found["states"]
+    begin = np.frombuffer(found["call_begin"], dtype=np.int32)
+    callee = np.frombuffer(found["call_callee"], dtype=np.int32).tolist()
+    returning = np.frombuffer(found["call_return"], dtype=np.int32).tolist()
+    edges = list(zip(callee, returning, strict=True))
+    bounds = begin.tolist()
+    calls = [tuple(edges[bounds[state] : bounds[state + 1]]) for state in range(states)]
+    return PushdownAutomaton(
+        transitions=np.frombuffer(found["transitions"], dtype=np.int32).reshape(states, 256),
+        accepting=np.frombuffer(found["accepting"], dtype=np.uint8).astype(bool),
+        calls=calls,
+        start=0,
+        rule_names=found["rule_order"],
+        rule_of_state=np.frombuffer(found["rule_of_state"], dtype=np.int32),
+        stack_limit=stack_limit,
+    )
+
+
+def build_pushdown_reference(
+    grammar: Grammar,
+    nfa_state_limit: int = DEFAULT_NFA_STATE_LIMIT,
+    dfa_state_limit: int = DEFAULT_DFA_STATE_LIMIT,
+    stack_limit: int = DEFAULT_STACK_LIMIT,
+) -> PushdownAutomaton:
+    """:func:`build_pushdown` in Python (the NFA builder and subset construction of
+    :mod:`formline.automata`): the oracle of the differential tests. Costs seconds on large
+    schemas. Raises as :func:`build_pushdown` does (without a deadline)."""
+    called = recursive_rules(grammar) | grammar.called_rules
+    dfas = _rule_dfas(grammar, called, nfa_state_limit, dfa_state_limit)
     productive = _productive_rules(dfas)
     if grammar.start not in productive:
         raise GrammarError(
@@ -206,7 +258,6 @@ def build_pushdown(
     trimmed: dict[str, Dfa] = {}
     for name, dfa in dfas.items():
         if name in productive:
-            deadline.check(f"minimising the automaton of rule {name!r}")
             result = trim(dfa, productive)
             assert result is not None
             trimmed[name] = minimize(result)
@@ -214,11 +265,14 @@ def build_pushdown(
     return _link(grammar.start, trimmed, stack_limit)
 
 
-def _recursive_rules(grammar: Grammar) -> set[str]:
+def recursive_rules(grammar: Grammar) -> set[str]:
     """Rules that can reach themselves through references (Tarjan's SCCs, iterative)."""
+    flat = grammar.flat()
+    no_calls = np.zeros(len(flat.rule_names), dtype=np.uint8)
+    referenced = rule_references(*flat.arrays(), flat.rule_root, no_calls)
+    names = flat.rule_names
     edges = {
-        name: sorted({node.name for node in walk(body) if isinstance(node, RuleReference)})
-        for name, body in grammar.rules.items()
+        names[rule]: [names[other] for other in referenced[rule]] for rule in range(len(names))
     }
     index: dict[str, int] = {}
     low: dict[str, int] = {}
@@ -262,7 +316,7 @@ def _recursive_rules(grammar: Grammar) -> set[str]:
 
 
 def _rule_dfas(
-    grammar: Grammar, called: set[str], nfa_limit: int, dfa_limit: int, deadline: Deadline
+    grammar: Grammar, called: set[str], nfa_limit: int, dfa_limit: int
 ) -> dict[str, Dfa]:
     dfas: dict[str, Dfa] = {}
     pending = [grammar.start]
@@ -270,15 +324,10 @@ def _rule_dfas(
         name = pending.pop()
         if name in dfas:
             continue
-        deadline.check(f"building the automaton of rule {name!r}")
         nfa = build_nfa(
-            grammar.rules[name],
-            grammar.rules.__getitem__,
-            called.__contains__,
-            nfa_limit,
-            deadline,
+            grammar.rules[name], grammar.rules.__getitem__, called.__contains__, nfa_limit
         )
-        dfas[name] = determinize(nfa, dfa_limit)
+        dfas[name] = determinize_reference(nfa, dfa_limit)
         for state_calls in dfas[name].calls:
             pending.extend(rule for rule, _ in state_calls)
     return dfas

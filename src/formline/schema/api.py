@@ -26,6 +26,7 @@ from formline.schema.compiler import (
     compile_to_grammar,
     root_resolver,
 )
+from formline.schema.metaschema import check_schema
 from formline.schema.ordering import order_like_schema
 from formline.schema.report import SchemaError, SchemaReport
 from formline.vocab import Vocabulary
@@ -171,7 +172,7 @@ def schema_to_grammar(
     running = deadline or (budget or CompileBudget()).start()
 
     def build() -> tuple[Grammar, SchemaReport]:
-        _check_schema(schema)
+        check_schema(schema)
         return compile_to_grammar(schema, options, running)
 
     chosen = cache if cache is not None else default_cache()
@@ -243,18 +244,3 @@ def _validator(schema: dict[str, Any] | bool) -> Any:
 
     cls = validator_for(schema, default=Draft202012Validator)
     return cls(schema, format_checker=cls.FORMAT_CHECKER)
-
-
-def _check_schema(schema: dict[str, Any] | bool) -> None:
-    """Raise SchemaError if ``schema`` is not valid under its draft's meta-schema."""
-    from jsonschema.exceptions import SchemaError as MetaSchemaError
-    from jsonschema.validators import Draft202012Validator, validator_for
-
-    cls = validator_for(schema, default=Draft202012Validator)
-    try:
-        cls.check_schema(schema)
-    except MetaSchemaError as error:
-        path = [str(part) for part in error.absolute_path]
-        keyword = path[-1] if path else None  # the user's keyword at fault, not the meta one
-        pointer = "".join(f"/{part.replace('~', '~0').replace('/', '~1')}" for part in path[:-1])
-        raise SchemaError(f"not a valid JSON Schema: {error.message}", pointer, keyword) from error

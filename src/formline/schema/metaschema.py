@@ -1,0 +1,84 @@
+"""Is this a valid JSON Schema? The schema checked against its draft's meta-schema.
+
+The meta-schema check ran in Python (``jsonschema``), and it cost 1.5 ms of a 5 ms compile of a
+three-field schema (the 2020-12 meta-schema's ``$dynamicRef`` resolution, per subschema).
+``jsonschema_rs`` (Rust) answers "valid?" in 4 µs, so it goes first; Python's check runs only
+when the answer is no (its error message is the one users see) or when a string the Python
+check would test against a format (a ``pattern`` as a Python regex, a ``$ref`` or ``$id`` as a
+URI reference, ``$schema`` as a URI) does not conform: there the two differ (``\\p{Letter}`` is
+an ECMA regex but not a Python one), and the Python check's verdict stands, as before.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import jsonschema_rs
+from jsonschema.exceptions import SchemaError as MetaSchemaError
+from jsonschema.validators import Draft202012Validator, validator_for
+
+from formline.schema.report import SchemaError, escape_pointer
+
+# Keywords whose values the meta-schemas give a format the Python check asserts.
+FORMAT_OF_KEYWORD = {
+    "pattern": "regex",
+    "$id": "uri-reference",
+    "$ref": "uri-reference",
+    "$dynamicRef": "uri-reference",
+    "$recursiveRef": "uri-reference",
+    "$schema": "uri",
+}
+
+
+def check_schema(schema: dict[str, Any] | bool) -> None:
+    """Raise if ``schema`` is not valid under its draft's meta-schema.
+
+    Raises:
+        SchemaError: not a valid JSON Schema; the message is the meta-schema's, with the
+            JSON pointer and keyword at fault.
+    Costs about 5 µs plus a walk of the schema when valid (the Python check's milliseconds
+    only for an invalid schema or an unusual ``pattern`` or URI).
+    """
+    if _is_valid_fast(schema):
+        return
+    cls = validator_for(schema, default=Draft202012Validator)
+    try:
+        cls.check_schema(schema)
+    except MetaSchemaError as error:
+        path = [str(part) for part in error.absolute_path]
+        keyword = path[-1] if path else None  # the user's keyword at fault, not the meta one
+        pointer = "".join(f"/{escape_pointer(part)}" for part in path[:-1])
+        raise SchemaError(f"not a valid JSON Schema: {error.message}", pointer, keyword) from error
+
+
+def _is_valid_fast(schema: dict[str, Any] | bool) -> bool:
+    """``True`` only where the Python check would pass too: the Rust meta-schema check says
+    valid, and every string at a formatted keyword conforms to Python's format checker.
+    Strings under ``enum`` or ``default`` that look like those keywords are checked too (a
+    walk that knows no keywords): a miss sends the schema to the Python check, never past it."""
+    try:
+        if not jsonschema_rs.meta.is_valid(schema):
+            return False
+    except Exception:  # an unknown $schema and the like: the Python check decides
+        return False
+    checker = validator_for(schema, default=Draft202012Validator).FORMAT_CHECKER
+    pending: list[Any] = [schema]
+    while pending:
+        node = pending.pop()
+        if isinstance(node, list):
+            pending.extend(node)
+            continue
+        if not isinstance(node, dict):
+            continue
+        for key, value in node.items():
+            if isinstance(value, str) and key in FORMAT_OF_KEYWORD:
+                conforms = checker.conforms(value, FORMAT_OF_KEYWORD[key])
+            elif key == "patternProperties" and isinstance(value, dict):
+                conforms = all(checker.conforms(name, "regex") for name in value)
+            else:
+                conforms = True
+            if not conforms:
+                return False
+            if isinstance(value, dict | list):
+                pending.append(value)
+    return True

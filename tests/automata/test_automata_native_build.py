@@ -1,0 +1,181 @@
+"""The native automaton build (flattened IR -> Thompson NFAs -> DFAs -> trimmed, minimised,
+linked, in the kernel) against the Python builder, on random grammars and real schemas."""
+
+import json
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from formline.automata import AutomatonLimitError
+from formline.grammar.budget import CompileLimitError, Deadline
+from formline.grammar.ir import (
+    ByteSet,
+    Choice,
+    Grammar,
+    GrammarError,
+    Literal,
+    Node,
+    Repeat,
+    RuleReference,
+    Sequence,
+    flatten,
+)
+from formline.parser.pushdown import (
+    PushdownAutomaton,
+    build_pushdown,
+    build_pushdown_reference,
+)
+from formline.schema import SchemaError, schema_to_grammar
+
+MASKBENCH = Path(__file__).resolve().parents[1] / "data" / "maskbench"
+
+
+def canonical(automaton: PushdownAutomaton) -> list[tuple[bool, tuple[int, ...], tuple]]:
+    """The automaton renumbered breadth-first from its start (bytes in order, then calls):
+    two automata linked from the same minimal rule DFAs are equal here."""
+    number = {automaton.start: 0}
+    order = [automaton.start]
+    rows = []
+    for state in order:
+        row = automaton.transitions[state].tolist()
+        for target in row + [t for edge in automaton.calls[state] for t in edge]:
+            if target >= 0 and target not in number:
+                number[target] = len(order)
+                order.append(target)
+        mapped = tuple(number[t] if t >= 0 else -1 for t in row)
+        calls = tuple((number[c], number[r]) for c, r in automaton.calls[state])
+        rows.append((bool(automaton.accepting[state]), mapped, calls))
+    return rows
+
+
+def assert_same_automaton(grammar: Grammar) -> None:
+    try:
+        reference = build_pushdown_reference(grammar)
+    except GrammarError as error:
+        with pytest.raises(GrammarError) as caught:
+            build_pushdown(grammar)
+        assert type(caught.value) is type(error)
+        assert str(caught.value) == str(error)
+        return
+    native = build_pushdown(grammar)
+    assert native.rule_names == reference.rule_names
+    assert canonical(native) == canonical(reference)
+    assert native.rule_of_state.tolist() == reference.rule_of_state.tolist()
+
+
+def leaves() -> st.SearchStrategy[Node]:
+    byte_sets = st.lists(
+        st.tuples(st.integers(97, 100), st.integers(0, 2)), min_size=0, max_size=2
+    ).map(lambda pairs: ByteSet(tuple((low, low + width) for low, width in pairs)))
+    literals = st.text("abcd", max_size=3).map(lambda text: Literal(text.encode()))
+    references = st.sampled_from(["r0", "r1", "r2"]).map(RuleReference)
+    return st.one_of(byte_sets, literals, references)
+
+
+def trees() -> st.SearchStrategy[Node]:
+    return st.recursive(
+        leaves(),
+        lambda inner: st.one_of(
+            st.lists(inner, max_size=3).map(lambda items: Sequence(tuple(items))),
+            st.lists(inner, min_size=1, max_size=3).map(lambda items: Choice(tuple(items))),
+            st.tuples(inner, st.integers(0, 2), st.one_of(st.none(), st.integers(0, 3))).map(
+                lambda case: Repeat(
+                    case[0], case[1], None if case[2] is None else case[1] + case[2]
+                )
+            ),
+        ),
+        max_leaves=8,
+    )
+
+
+@given(st.lists(trees(), min_size=4, max_size=4))
+@settings(max_examples=150, deadline=None)
+def test_native_rule_automata_equal_the_python_builder(bodies) -> None:
+    # Every rule is called (recursion through call edges is fine, no inlining cycles), and
+    # the root also inlines nothing: it only calls.
+    rules = {"root": bodies[0], "r0": bodies[1], "r1": bodies[2], "r2": bodies[3]}
+    assert_same_automaton(Grammar(rules, "root", called_rules=frozenset({"r0", "r1", "r2"})))
+
+
+@given(trees(), trees())
+@settings(max_examples=100, deadline=None)
+def test_native_inlining_equals_the_python_builder(root, inlined) -> None:
+    # r0 holds no reference of its own here, so it can be inlined into the root.
+    leaf_only = (
+        inlined
+        if not any(isinstance(n, RuleReference) for n in _nodes(inlined))
+        else (Literal(b"ab"))
+    )
+    rules = {"root": root, "r0": leaf_only, "r1": Literal(b"c"), "r2": ByteSet(((97, 98),))}
+    assert_same_automaton(Grammar(rules, "root", called_rules=frozenset({"r1", "r2"})))
+
+
+def _nodes(node: Node) -> list[Node]:
+    found = [node]
+    for child in node.children():
+        found.extend(_nodes(child))
+    return found
+
+
+def test_native_rule_automata_equal_the_python_builder_on_maskbench() -> None:
+    compared = 0
+    for path in sorted(MASKBENCH.glob("*.json"))[::20]:
+        try:
+            grammar, _ = schema_to_grammar(json.loads(path.read_text())["schema"])
+        except SchemaError:
+            continue  # declined schemas: their errors are tested in tests/schema
+        assert_same_automaton(grammar)
+        compared += 1
+    assert compared >= 12
+
+
+def test_native_nfa_limit_is_an_error() -> None:
+    # An inlined reference counts once in the estimate, so the kernel's counter stops this.
+    body = Sequence(tuple(RuleReference("r0") for _ in range(10)))
+    grammar = Grammar({"root": body, "r0": Literal(b"x" * 30)})
+    with pytest.raises(AutomatonLimitError, match="more than 100 NFA states") as caught:
+        build_pushdown(grammar, nfa_state_limit=100)
+    assert caught.value.limit == "nfa_states"
+
+
+def test_native_dfa_limit_is_an_error() -> None:
+    either = ByteSet(((97, 98),))
+    body = Sequence((Repeat(either), Literal(b"a"), Repeat(either, 12, 12)))
+    with pytest.raises(AutomatonLimitError, match="more than 500 DFA states"):
+        build_pushdown(Grammar({"root": body}), dfa_state_limit=500)
+
+
+def test_native_build_stops_at_the_deadline() -> None:
+    grammar = Grammar({"root": Repeat(ByteSet(((97, 122),)), 0, 100_000)})
+    passed = Deadline(time.monotonic() - 1, 0.5)
+    started = time.perf_counter()
+    with pytest.raises(CompileLimitError, match=r"time budget of 0\.5 s") as caught:
+        build_pushdown(grammar, deadline=passed)
+    assert caught.value.limit == "seconds"
+    assert time.perf_counter() - started < 1.0
+
+
+def test_native_build_names_left_recursion_and_empty_grammars() -> None:
+    left = Grammar.from_ebnf('root ::= list\nlist ::= list "," item | item\nitem ::= "x"')
+    with pytest.raises(GrammarError, match="left recursion is not supported: list -> list"):
+        build_pushdown(left)
+    never = Grammar(
+        {
+            "root": Sequence((Literal(b"a"), RuleReference("loop"))),
+            "loop": Sequence((Literal(b"b"), RuleReference("loop"))),
+        }
+    )
+    with pytest.raises(GrammarError, match="matches no string"):
+        build_pushdown(never)
+
+
+def test_flattening_numbers_a_shared_subtree_once() -> None:
+    shared = Sequence((Literal(b"ab"), ByteSet(((48, 57),))))
+    grammar = Grammar({"root": Sequence((shared, shared, Repeat(shared, 2, 3)))})
+    flat = flatten(grammar.rules)
+    assert len(flat.kind) == 5  # literal, byte set, shared sequence, repeat, root
+    assert np.count_nonzero(flat.kind == 2) == 2

@@ -1,0 +1,108 @@
+"""The flattened IR: the native flattening against the Python reference, the fingerprint
+built on it, and the errors of undefined references."""
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+from flatten_reference import flatten_reference
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from formline.grammar.ir import (
+    ByteSet,
+    Choice,
+    Grammar,
+    GrammarError,
+    Literal,
+    Node,
+    Repeat,
+    RuleReference,
+    Sequence,
+    flatten,
+)
+from formline.schema import SchemaError, schema_to_grammar
+
+MASKBENCH = Path(__file__).resolve().parents[1] / "data" / "maskbench"
+FIELDS = ("kind", "a", "b", "c", "children", "data", "range_pairs", "rule_root")
+
+
+def assert_same_flat(rules: dict[str, Node]) -> None:
+    native, reference = flatten(rules), flatten_reference(rules)
+    for name in FIELDS:
+        assert np.array_equal(getattr(native, name), getattr(reference, name)), name
+    assert native.rule_names == reference.rule_names
+    assert native.roots == reference.roots
+
+
+def trees() -> st.SearchStrategy[Node]:
+    leaves = st.one_of(
+        st.lists(st.tuples(st.integers(0, 250), st.integers(0, 5)), max_size=3).map(
+            lambda pairs: ByteSet(tuple((low, low + width) for low, width in pairs))
+        ),
+        st.binary(max_size=4).map(Literal),
+        st.sampled_from(["root", "other"]).map(RuleReference),
+    )
+    return st.recursive(
+        leaves,
+        lambda inner: st.one_of(
+            st.lists(inner, max_size=3).map(lambda items: Sequence(tuple(items))),
+            st.lists(inner, min_size=1, max_size=3).map(lambda items: Choice(tuple(items))),
+            st.tuples(inner, st.integers(0, 3), st.one_of(st.none(), st.integers(0, 3))).map(
+                lambda case: Repeat(case[0], case[1], None if case[2] is None else sum(case[1:]))
+            ),
+        ),
+        max_leaves=12,
+    )
+
+
+@given(trees(), trees())
+@settings(max_examples=200, deadline=None)
+def test_native_flattening_equals_the_reference(root, other) -> None:
+    assert_same_flat({"root": root, "other": other})
+
+
+def test_native_flattening_equals_the_reference_on_maskbench() -> None:
+    compared = 0
+    for path in sorted(MASKBENCH.glob("*.json"))[::15]:
+        try:
+            grammar, _ = schema_to_grammar(json.loads(path.read_text())["schema"])
+        except SchemaError:
+            continue  # declined schemas: their errors are tested in tests/schema
+        assert_same_flat(grammar.rules)
+        compared += 1
+    assert compared >= 15
+
+
+def test_shared_nodes_are_numbered_once() -> None:
+    shared = Sequence((Literal(b"ab"), ByteSet(((48, 57),))))
+    flat = flatten({"root": Sequence((shared, shared, Repeat(shared, 2, 3)))})
+    assert len(flat.kind) == 5  # literal, byte set, shared sequence, repeat, root
+    assert np.count_nonzero(flat.kind == 2) == 2
+
+
+def test_an_undefined_reference_names_both_rules() -> None:
+    body = Sequence((Literal(b"x"), RuleReference("missing")))
+    with pytest.raises(GrammarError, match="rule 'item' references undefined rule 'missing'"):
+        Grammar({"root": RuleReference("item"), "item": body})
+
+
+def test_fingerprint_tells_grammars_apart_and_equal_ones_alike() -> None:
+    def digit_run(maximum: int | None) -> Grammar:
+        return Grammar({"root": Repeat(ByteSet(((48, 57),)), 1, maximum)})
+
+    assert digit_run(3).fingerprint() == digit_run(3).fingerprint()
+    fingerprints = {
+        digit_run(3).fingerprint(),
+        digit_run(4).fingerprint(),
+        digit_run(None).fingerprint(),
+        Grammar({"root": Repeat(ByteSet(((48, 58),)), 1, 3)}).fingerprint(),
+        Grammar({"root": Literal(b"12")}).fingerprint(),
+        Grammar({"root": Literal(b"13")}).fingerprint(),
+        Grammar({"root": Literal(b"13"), "x": Literal(b"")}).fingerprint(),
+        Grammar(
+            {"root": Literal(b"13"), "x": Literal(b"")}, called_rules=frozenset("x")
+        ).fingerprint(),
+    }
+    assert len(fingerprints) == 8
