@@ -65,7 +65,9 @@ def setup() -> pathlib.Path:
     python = python_of(directory)
     stamp = directory / STAMP
     if stamp.is_file() and stamp.read_text() == wanted_stamp() and python.is_file():
-        run(python, "-m", "pip", "install", "-q", "--no-deps", "-e", ROOT)  # this checkout
+        # This checkout, and any runtime dependency it gained since (pip leaves those already
+        # satisfied alone: vLLM's pins stay).
+        run(python, "-m", "pip", "install", "-q", "-e", ROOT)
         return python
     print(f"building vLLM's environment in {directory}", flush=True)
     venv.EnvBuilder(clear=True, with_pip=True).create(directory)

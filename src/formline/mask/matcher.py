@@ -48,6 +48,7 @@ class GrammarMatcher:
         self._can_end = can_end
         self._terminated = False
         self._history: list[tuple[frozenset[Stack], bool, bool]] = []
+        self._mask: np.ndarray | None = None  # this step's mask once looked up
 
     def is_terminated(self) -> bool:
         """Whether a stop token has been accepted."""
@@ -73,6 +74,7 @@ class GrammarMatcher:
         if self.max_rollback_tokens is not None and len(self._history) > self.max_rollback_tokens:
             del self._history[0]
         self._stacks, self._can_end, self._terminated = stacks, can_end, terminated
+        self._mask = None
 
     def accept_token(self, token_id: int) -> bool:
         """Advance by one token; ``False`` (state unchanged) if the grammar refuses it.
@@ -125,18 +127,25 @@ class GrammarMatcher:
             )
         for _ in range(num_tokens):
             self._stacks, self._can_end, self._terminated = self._history.pop()
+        self._mask = None
 
     def next_token_mask_words(self) -> np.ndarray:
         """This step's allowed tokens as read-only uint32 words (shared; do not modify)."""
-        if self._terminated:
-            return self.compiled.eos_mask
-        return self.compiled.mask_words(self._stacks, self._can_end)
+        if self._mask is None:
+            if self._terminated:
+                self._mask = self.compiled.eos_mask
+            else:
+                self._mask = self.compiled.mask_words(self._stacks, self._can_end)
+        return self._mask
 
     def cached_mask_words(self) -> np.ndarray | None:
         """This step's mask if it needs no computing (cached or terminated), else ``None``."""
-        if self._terminated:
-            return self.compiled.eos_mask
-        return self.compiled.cached_mask(self._stacks, self._can_end)
+        if self._mask is None:
+            if self._terminated:
+                self._mask = self.compiled.eos_mask
+            else:
+                self._mask = self.compiled.cached_mask(self._stacks, self._can_end)
+        return self._mask
 
     def unwalked_states(self) -> set[int]:
         """Automaton states this step's mask needs walked first (empty once they are)."""

@@ -267,40 +267,52 @@ int walk(const Automaton& automaton, const Trie& trie, const Config& start, uint
   Config raw;
   ClosureScratch scratch;
   const int32_t nodes = trie.node_count();
+  // Raw pointers, the output marked restrict: a write through `allowed` (uint32_t, which may
+  // alias int32_t) made the compiler reload every vector's data pointer per trie node; this
+  // loop runs once per node of the vocabulary's trie (274,521 for Llama-3).
+  const uint8_t* const node_byte = trie.byte.data();
+  const int32_t* const node_depth = trie.depth.data();
+  const int32_t* const node_end = trie.end.data();
+  const int32_t* const token_begin = trie.token_begin.data();
+  const int32_t* const node_tokens = trie.tokens.data();
+  const int32_t* const table = automaton.transitions.data();
+  const uint8_t* const is_special = automaton.special.data();
+  int32_t* const simple_top = simple.data();
+  uint32_t* __restrict const out = allowed;
   int32_t node = 1;
   while (node < nodes) {
-    const int32_t depth = trie.depth[node];
-    const int32_t parent = simple[depth - 1];
+    const int32_t depth = node_depth[node];
+    const int32_t parent = simple_top[depth - 1];
     bool special = false;
     int32_t target = -1;
     if (parent >= 0) {
-      target = automaton.next(parent, trie.byte[node]);
+      target = table[static_cast<int64_t>(parent) * 256 + node_byte[node]];
       if (target < 0) {
-        node = trie.end[node];
+        node = node_end[node];
         continue;
       }
-      special = automaton.special[target] != 0;
+      special = is_special[target] != 0;
     } else {
-      special = step(automaton, configs[depth - 1], trie.byte[node], raw);
+      special = step(automaton, configs[depth - 1], node_byte[node], raw);
       if (raw.empty()) {
-        node = trie.end[node];
+        node = node_end[node];
         continue;
       }
     }
-    for (int32_t k = trie.token_begin[node]; k < trie.token_begin[node + 1]; ++k) {
-      const int32_t token = trie.tokens[k];
-      allowed[token >> 5] |= 1u << (token & 31);
+    for (int32_t k = token_begin[node]; k < token_begin[node + 1]; ++k) {
+      const int32_t token = node_tokens[k];
+      out[token >> 5] |= 1u << (token & 31);
     }
-    if (trie.end[node] == node + 1) {  // a leaf: nothing reads past it
+    if (node_end[node] == node + 1) {  // a leaf: nothing reads past it
       ++node;
       continue;
     }
     if (parent >= 0 && !special) {
-      simple[depth] = target;
+      simple_top[depth] = target;
       ++node;
       continue;
     }
-    simple[depth] = -1;
+    simple_top[depth] = -1;
     if (parent >= 0) {  // leaving the fast path: the one stack, materialised
       raw.clear();
       raw.data.assign(below.begin(), below.end());

@@ -13,6 +13,7 @@ A canonical encoding is unique per string, so "any key except these names" is ex
 from __future__ import annotations
 
 import json
+from functools import cache
 from typing import Any
 
 from formline.grammar.ir import (
@@ -222,12 +223,23 @@ def _trie_node(names: list[str], depth: int, leave: bool) -> Node:
             continue
         options: list[Node] = []
         if leave:
-            others = complement([(ord(character), ord(character)) for character in children])
-            options.append(json_string_character(others))
+            options.append(_character_except(frozenset(children)))
         elif not any(len(name) == level for name in group):
             options.append(EMPTY)
         for character in sorted(children):
-            encoded = compact_json(character)[1:-1]
-            options.append(sequence(Literal(encoded), built[prefix + character]))
+            options.append(sequence(_character_literal(character), built[prefix + character]))
         built[prefix] = choice(options)
     return built[""]
+
+
+@cache
+def _character_except(characters: frozenset[str]) -> Node:
+    """One string character but ``characters`` (the complement and its normalisation were
+    computed per trie node, a third of a 3-name key's 0.7 ms)."""
+    return json_string_character(complement([(ord(c), ord(c)) for c in characters]))
+
+
+@cache
+def _character_literal(character: str) -> Node:
+    """The literal of one character inside a JSON string (json.dumps per trie node)."""
+    return Literal(compact_json(character)[1:-1])
