@@ -11,7 +11,7 @@ from __future__ import annotations
 import os
 import sys
 import threading
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
@@ -94,12 +94,16 @@ class BatchGrammarMatcher:
             if states:
                 work.setdefault(id(matcher.compiled), (matcher.compiled, set()))[1].update(states)
         tasks = [(compiled, state) for compiled, states in work.values() for state in states]
+        # Longest first: a walk costs about the trie nodes its first bytes open, so states
+        # that read many bytes (inside a string) go before those that read one (a key).
+        tasks.sort(key=lambda task: -task[0].live_byte_count(task[1]))
         threads = min(self.max_threads, len(tasks))
-        if threads <= 1:
-            for compiled, state in tasks:
-                compiled.walk_states([state])
-            return
-        futures = [self._pool.submit(_walk, tasks[start::threads]) for start in range(threads)]
+        # One shared iterator (a list iterator's next is atomic under the GIL): each thread
+        # takes the next state when it is done with one. Dealt out in fixed slices, the 1 to
+        # 3 ms walks of string states met on one thread and 2 threads gave 1.25x on 29 states.
+        pending = iter(tasks)
+        futures = [self._pool.submit(_walk, pending) for _ in range(threads - 1)]
+        _walk(pending)  # this thread walks too
         for future in futures:
             future.result()
 
@@ -150,6 +154,6 @@ def _numpy_target(bitmask: Any) -> tuple[np.ndarray, Any]:
     return np.ascontiguousarray(tensor.cpu().numpy()), tensor
 
 
-def _walk(tasks: list[tuple[Any, int]]) -> None:
+def _walk(tasks: Iterator[tuple[Any, int]]) -> None:
     for compiled, state in tasks:
         compiled.walk_states([state])

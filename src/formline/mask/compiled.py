@@ -241,6 +241,10 @@ class CompiledGrammar:
         self._check(status)
         return words
 
+    def live_byte_count(self, state: int) -> int:
+        """How many bytes ``state`` can read (a batch walks the widest states first)."""
+        return len(self.live_bytes[state])
+
     def unwalked_states(self, stacks: frozenset[Stack]) -> set[int]:
         """The stack tops of a configuration whose trie walk has not run yet."""
         return {stack[-1] for stack in stacks if not self.kernel.is_walked(stack[-1])}
