@@ -248,3 +248,29 @@ def test_serialized_grammars_round_trip_without_pickle() -> None:
             [b"<eos>", b"a", b"b"], eos_ids=[0]
         )
         storage.deserialize(data, other_vocabulary, cache.token_table(other_vocabulary))
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_native_token_steps_equal_the_python_parser(seed) -> None:
+    # accept_token steps in the kernel; the Python step and closure are the reference, on a
+    # grammar where configurations hold several stacks and tokens cross rule ends.
+    compiled = compile_grammar(Grammar.from_ebnf(ESCAPE_HEAVY), VOCABULARY, disk_cache=False)
+    rng = np.random.default_rng(seed)
+    matcher = GrammarMatcher(compiled)
+    compared = 0
+    for _ in range(60):
+        stacks = matcher.state_key()[0]
+        for token_id in rng.choice(VOCABULARY.size, size=40, replace=False).tolist():
+            data = VOCABULARY.token_bytes[token_id]
+            if not data or token_id in VOCABULARY.special_ids:
+                continue
+            assert compiled.kernel.advance(stacks, data) == compiled.automaton.advance(
+                stacks, data
+            ), (stacks, data)
+            compared += 1
+        allowed = matcher.allowed_token_ids()
+        allowed = allowed[~np.isin(allowed, list(VOCABULARY.eos_ids))]
+        if not len(allowed):
+            break
+        assert matcher.accept_token(int(rng.choice(allowed)))
+    assert compared > 500
