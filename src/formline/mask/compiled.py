@@ -232,13 +232,8 @@ class CompiledGrammar:
 
     def compute_mask(self, stacks: frozenset[Stack], can_end: bool) -> np.ndarray:
         """The mask of a configuration, uncached (see :meth:`mask_words`)."""
-        flat: list[int] = []
-        for stack in stacks:
-            flat.append(len(stack))
-            flat.extend(stack)
         words = np.empty(self.words, dtype=np.uint32)
-        status = self.kernel.fill(np.array(flat, dtype=np.int32), can_end, words)
-        self._check(status)
+        self._check(self.kernel.fill(stacks, can_end, words))
         return words
 
     def live_byte_count(self, state: int) -> int:

@@ -15,6 +15,7 @@ import numpy as np
 from formline.errors import FormlineError
 from formline.mask.bitmask import check_bitmask
 from formline.mask.compiled import CompiledGrammar
+from formline.native import copy_mask
 from formline.parser.pushdown import Stack
 
 MAX_JUMP_FORWARD_BYTES = 4096
@@ -167,14 +168,18 @@ class GrammarMatcher:
                 or ``index`` is not one of its rows.
             TypeError: neither a numpy array nor a torch tensor.
         """
-        words = self.next_token_mask_words().view(np.int32)
+        mask = self._mask if self._mask is not None else self.next_token_mask_words()
         if isinstance(bitmask, np.ndarray):
             is_int32 = bitmask.dtype == np.int32
-            check_bitmask(bitmask.shape, is_int32, bitmask.dtype, index, words.shape[0])
+            check_bitmask(bitmask.shape, is_int32, bitmask.dtype, index, mask.shape[0])
             row = bitmask[index] if bitmask.ndim == 2 else bitmask
-            row[: words.shape[0]] = words
-            row[words.shape[0] :] = 0
+            if row.flags.c_contiguous and row.flags.writeable:
+                copy_mask(mask, row)
+            else:
+                row[: mask.shape[0]] = mask.view(np.int32)
+                row[mask.shape[0] :] = 0
             return True
+        words = mask.view(np.int32)
         torch = sys.modules.get("torch")
         if torch is None or not isinstance(bitmask, torch.Tensor):
             raise TypeError(

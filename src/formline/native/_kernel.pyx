@@ -494,17 +494,26 @@ cdef class NativeMaskKernel:
     def __dealloc__(self):
         del self.kernel
 
-    def fill(self, const int32_t[::1] flat, bint can_end, uint32_t[::1] out):
-        """Write the mask of the configuration ``flat`` (``[length, states...]*``) into
-        ``out``; returns 0, or :data:`STACK_LIMIT_EXCEEDED`. The GIL is released."""
+    def fill(self, stacks, bint can_end, uint32_t[::1] out):
+        """Write the mask of the configuration ``stacks`` (a frozenset of state tuples) into
+        ``out``; returns 0, or :data:`STACK_LIMIT_EXCEEDED`. The GIL is released for the
+        fill (building the flat array in Python cost 1.5 µs of a 5.6 µs mask p50)."""
         if out.shape[0] < self.words:
             raise ValueError(f"the output has {out.shape[0]} words, the mask needs {self.words}")
+        cdef vector[int32_t] flat
+        cdef tuple states
+        cdef Py_ssize_t size, index
         cdef int status
-        cdef int32_t length = flat.shape[0]
+        for stack in stacks:
+            states = <tuple>stack
+            size = len(states)
+            flat.push_back(<int32_t>size)
+            for index in range(size):
+                flat.push_back(<int32_t>states[index])
         cdef int32_t empty = 0
-        cdef const int32_t* flat_pointer = &flat[0] if length else &empty
+        cdef const int32_t* flat_pointer = flat.data() if flat.size() else &empty
         with nogil:
-            status = self.kernel.fill(flat_pointer, length, can_end, &out[0])
+            status = self.kernel.fill(flat_pointer, flat.size(), can_end, &out[0])
         return status
 
     def advance(self, stacks, bytes data):
@@ -568,6 +577,18 @@ cdef class NativeMaskKernel:
             "escape_checks": stats.escape_checks,
             "memory_bytes": stats.memory_bytes,
         }
+
+
+def copy_mask(const uint32_t[::1] words, int32_t[::1] row):
+    """``row[:len(words)] = words``, the rest of ``row`` zeroed: one step's fill (numpy's two
+    slice assignments cost 2 µs of a 5.6 µs mask p50 on Llama-3's 4,008 words)."""
+    cdef Py_ssize_t width = min(words.shape[0], row.shape[0])
+    cdef Py_ssize_t word
+    with nogil:
+        for word in range(width):
+            row[word] = <int32_t>words[word]
+        for word in range(width, row.shape[0]):
+            row[word] = 0
 
 
 def copy_masks(list sources, int32_t[:, ::1] bitmask, const int64_t[::1] rows):
