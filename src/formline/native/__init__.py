@@ -1,10 +1,13 @@
-"""The compiled kernels: the mask kernel (C++ in ``kernel.hpp``, bound by Cython in ``_kernel.pyx``)
-and the automata's partition refinement; used by :mod:`formline.automata` and
-:mod:`formline.mask`, importing neither.
+"""The compiled kernels, C++ bound by Cython in ``_kernel.pyx``: the mask kernel and the
+parser's token step (``kernel.hpp``), the automaton build from the flattened IR
+(``thompson.hpp``, ``hopcroft.hpp``, ``pushdown_build.hpp``) and the automata routines of the
+reference path (``dfa.hpp``); used by :mod:`formline.grammar`, :mod:`formline.automata`,
+:mod:`formline.parser` and :mod:`formline.mask`, importing none of formline.
 
 Built by the package's install (``pip install -e .`` compiles it in place); there is no pure
-Python fallback for the mask: :mod:`formline.mask.reference` is the slow oracle the
-differential tests compare the kernel with.
+Python fallback: :mod:`formline.mask.reference`, ``build_pushdown_reference`` and
+``tests/grammar/flatten_reference.py`` are the slow oracles the differential tests compare the
+kernel with.
 """
 
 from formline.native._kernel import (

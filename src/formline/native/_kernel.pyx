@@ -50,6 +50,8 @@ cdef extern from "kernel.hpp" namespace "formline" nogil:
         int32_t eos_count, int32_t stack_limit, int64_t cache_limit_bytes
     ) except +
 
+
+cdef extern from "dfa.hpp" namespace "formline" nogil:
     int32_t refine_partition_native "formline::refine_partition"(
         const int32_t* targets, int32_t states, int32_t columns, const int64_t* labels,
         int32_t rounds, int32_t* out

@@ -12,7 +12,7 @@
 #include <unordered_map>
 #include <vector>
 
-#include "kernel.hpp"
+#include "dfa.hpp"
 
 namespace formline {
 
