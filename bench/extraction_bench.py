@@ -8,7 +8,7 @@ Run from the repository root (one model job at a time on 2 cores)::
 
 Per mode: raw output parses (strict), parses after stripping Markdown fences, validates,
 per-field accuracy and all-fields-correct (the task set's scoring rules,
-:mod:`formline.pipeline.scoring`). Pressure: for every scored field of every constrained
+:mod:`formline.evaluation.scoring`). Pressure: for every scored field of every constrained
 output, the largest probability mass the mask removed while the field was written; how well
 it predicts that the field is wrong is reported as AUROC, and as precision and recall at the
 default flag threshold (0.5).
@@ -43,8 +43,8 @@ def field_score(pressure: dict[str, Any], field: str, attribute: str = "max_remo
 
 
 def run_task(task: dict[str, Any], mode: str, backend: Any, max_tokens: int) -> dict[str, Any]:
+    from formline.evaluation.scoring import parse_output, score_task
     from formline.pipeline.generate import generate
-    from formline.pipeline.scoring import parse_output, score_task
 
     schema = task["schema_json"]
     prompt = f"{task['instruction']}\n\n{task['text']}"
@@ -107,7 +107,7 @@ def pressure_evaluation(
 
 
 def summarize_mode(tasks: list[dict[str, Any]], records: list[dict[str, Any]]) -> dict[str, Any]:
-    from formline.pipeline.scoring import summarize
+    from formline.evaluation.scoring import summarize
 
     by_id = {task["id"]: task for task in tasks}
     summary = summarize([(by_id[record["id"]], record["scores"]) for record in records])

@@ -29,8 +29,10 @@ from pathlib import Path
 from typing import Any
 
 from bench.core_bench import ROOT, machine_info
+from formline.constraint import Constraint
 from formline.evaluation.dataset import extraction_dev_directory
 from formline.evaluation.runner import load_tasks
+from formline.pipeline.generate import generate, prompt_messages
 
 MODES = ("formline-free", "formline-nojf", "formline-jf", "llamacpp-grammar")
 # generate() options per formline mode; formline-jf is generate()'s default (jump_forward=True)
@@ -39,8 +41,8 @@ DATA = extraction_dev_directory()  # the set shipped with formline (its SOURCE.m
 
 
 def score(task: dict[str, Any], value: Any) -> dict[str, bool]:
-    """Each scored field of a task: the task set's rules, :mod:`formline.pipeline.scoring`."""
-    from formline.pipeline.scoring import score_task
+    """Each scored field of a task: the task set's rules, :mod:`formline.evaluation.scoring`."""
+    from formline.evaluation.scoring import score_task
 
     return score_task(task, value)
 
@@ -88,8 +90,6 @@ class EvalTimer:
 
 
 def run_formline(engine: Any, task: dict[str, Any], mode: str, max_tokens: int) -> dict[str, Any]:
-    from formline.pipeline.generate import generate
-
     started = time.perf_counter()
     result = generate(
         prompt_of(task),
@@ -136,9 +136,8 @@ def run_llama(
 
 
 def run_task(engine: Any, task: dict[str, Any], max_tokens: int) -> dict[str, Any]:
-    from formline.pipeline.generate import _messages, _plan
-
-    messages = _messages(prompt_of(task), _plan(task["schema_json"], engine).description, None)
+    plan = Constraint.of(task["schema_json"]).compile(engine.vocabulary)
+    messages = prompt_messages(prompt_of(task), plan.description)
     modes: dict[str, Any] = {}
     for mode in MODES:
         engine.llm.eval.calls.clear()
@@ -159,13 +158,11 @@ def run_task(engine: Any, task: dict[str, Any], max_tokens: int) -> dict[str, An
 def warm_up(engine: Any, tasks: list[dict[str, Any]]) -> dict[str, float]:
     """Compile each schema once (formline caches it: reported here, not in the per-task
     times; llama.cpp builds its grammar inside every call) and run one short call per path."""
-    from formline.pipeline.generate import _plan
-
     compile_seconds: dict[str, float] = {}
     for task in tasks:
         if task["type"] not in compile_seconds:
             started = time.perf_counter()
-            _plan(task["schema_json"], engine)
+            Constraint.of(task["schema_json"]).compile(engine.vocabulary)
             compile_seconds[task["type"]] = time.perf_counter() - started
     EvalTimer(engine.llm)
     run_formline(engine, tasks[0], "formline-jf", 4)

@@ -61,7 +61,7 @@ def request_extra(engine: str, schema: dict[str, Any]) -> dict[str, Any] | None:
 
 def run_request(client: Any, engine: str, task: dict[str, Any], max_tokens: int) -> dict[str, Any]:
     """One streamed request: its text, finish reason, tokens, TTFT and time per token."""
-    from formline.pipeline.generate import schema_description
+    from formline.constraint import schema_description
 
     prompt = f"{task['instruction']}\n\n{task['text']}\n\n{schema_description(task['schema_json'])}"
     started = time.perf_counter()
@@ -95,7 +95,7 @@ def run_request(client: Any, engine: str, task: dict[str, Any], max_tokens: int)
 def judge(task: dict[str, Any], record: dict[str, Any]) -> None:
     """Add ``valid`` and ``fields`` (extraction-dev's scoring) to a record."""
     from formline.evaluation.runner import is_valid
-    from formline.pipeline.scoring import score_task
+    from formline.evaluation.scoring import score_task
 
     try:
         value = json.loads(record["text"])

@@ -2,25 +2,21 @@
 
 ``formline.generate(prompt, output)`` decodes with a real local model under a JSON Schema,
 a Pydantic model, a :class:`Regex`, a :class:`Choice` or a :class:`Grammar`.
-``formline.extract(source, output)`` adds validation, grounding and a repair loop, and ends
+``formline.stream(prompt, output)`` yields the value while it is decoded (partial, then
+final). ``formline.extract(source, output)`` adds validation, grounding and a repair loop, and ends
 in an :class:`Extraction` or a typed :class:`Failed`. The engine's
 four objects live in :mod:`formline.grammar`, :mod:`formline.vocab`, :mod:`formline.mask`
 and :mod:`formline.schema`. Importing formline imports no model engine.
 """
 
 from formline.compiler import GrammarCompiler
+from formline.constraint import Choice, Constraint, Regex
 from formline.errors import FormlineError
 from formline.grammar import Grammar
 from formline.grammar.budget import CompileBudget, CompileLimitError
 from formline.pipeline.extract import Extraction, Failed, extract
-from formline.pipeline.generate import (
-    Choice,
-    InvalidOutput,
-    Regex,
-    Result,
-    TruncatedOutput,
-    generate,
-)
+from formline.pipeline.generate import InvalidOutput, Result, TruncatedOutput, generate
+from formline.pipeline.stream import Stream, stream
 
 __version__ = "0.1.0"
 
@@ -28,6 +24,7 @@ __all__ = [
     "Choice",
     "CompileBudget",
     "CompileLimitError",
+    "Constraint",
     "Extraction",
     "Failed",
     "FormlineError",
@@ -36,7 +33,9 @@ __all__ = [
     "InvalidOutput",
     "Regex",
     "Result",
+    "Stream",
     "TruncatedOutput",
     "extract",
     "generate",
+    "stream",
 ]

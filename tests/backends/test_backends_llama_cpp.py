@@ -19,13 +19,14 @@ llama_cpp = pytest.importorskip(
     "llama_cpp", reason="needs the llama extra: pip install -e '.[llama]'"
 )
 
-from formline.backends.base import BackendError, Sampling, default_model_path  # noqa: E402
+from formline.backends.base import BackendError, default_model_path  # noqa: E402
 from formline.backends.llama_cpp import (  # noqa: E402
     LlamaCppBackend,
     LlamaCppLogitsProcessor,
 )
 from formline.grammar.ir import Grammar  # noqa: E402
 from formline.mask import GrammarMatcher, compile_grammar  # noqa: E402
+from formline.pipeline.decoding import Sampling, decode  # noqa: E402
 from formline.schema import compile_schema  # noqa: E402
 
 PERSON_SCHEMA: dict[str, Any] = {
@@ -91,7 +92,7 @@ def test_missing_model_file_is_a_backend_error(tmp_path: Path) -> None:
 
 def test_constrained_greedy_regex_matches_fully_and_stops(backend: LlamaCppBackend) -> None:
     matcher = matcher_for(backend, Grammar.from_regex(r"[0-9]{3}-[0-9]{4}"))
-    result = backend.generate(chat(backend, "Give me a phone number."), matcher, Sampling())
+    result = decode(backend, chat(backend, "Give me a phone number."), matcher, Sampling())
     assert re.fullmatch(r"[0-9]{3}-[0-9]{4}", result.text), result.text
     assert result.finish_reason == "stop"
     assert result.completion_tokens == len(result.token_ids) > 0
@@ -102,14 +103,14 @@ def test_constrained_greedy_choice(backend: LlamaCppBackend) -> None:
     choices = ["red", "green", "blue"]
     matcher = matcher_for(backend, Grammar.from_choices(choices))
     prompt = chat(backend, "What colour is the sky? Answer red, green or blue.")
-    result = backend.generate(prompt, matcher, Sampling(jump_forward=False))
+    result = decode(backend, prompt, matcher, Sampling(jump_forward=False))
     assert result.text in choices
     assert result.finish_reason == "stop"
 
 
 def test_json_schema_output_parses_and_validates(backend: LlamaCppBackend, person: Any) -> None:
     prompt = chat(backend, "Describe a person as JSON with name, age and city.")
-    result = backend.generate(prompt, person.matcher(), Sampling(max_tokens=48))
+    result = decode(backend, prompt, person.matcher(), Sampling(max_tokens=48))
     assert result.finish_reason == "stop"
     assert person.check(json.loads(result.text)) == []
 
@@ -117,13 +118,13 @@ def test_json_schema_output_parses_and_validates(backend: LlamaCppBackend, perso
 def test_sampling_with_a_seed_is_reproducible(backend: LlamaCppBackend) -> None:
     prompt = chat(backend, "Tell me about cats.")
     settings = Sampling(temperature=0.8, top_p=0.9, seed=1234, max_tokens=10)
-    first = backend.generate(prompt, None, settings)
-    second = backend.generate(prompt, None, settings)
+    first = decode(backend, prompt, None, settings)
+    second = decode(backend, prompt, None, settings)
     assert first.token_ids == second.token_ids and first.text == second.text
     assert first.finish_reason == "length" and first.completion_tokens == 10
     regex = r"[a-z ]{1,40}"
     constrained = [
-        backend.generate(prompt, matcher_for(backend, Grammar.from_regex(regex)), settings)
+        decode(backend, prompt, matcher_for(backend, Grammar.from_regex(regex)), settings)
         for _ in range(2)
     ]
     assert constrained[0].text == constrained[1].text
@@ -134,12 +135,12 @@ def test_greedy_constrained_equals_greedy_free_when_free_output_fits(
     backend: LlamaCppBackend,
 ) -> None:
     prompt = chat(backend, "Say hello.")
-    free = backend.generate(prompt, None, Sampling(max_tokens=8))
+    free = decode(backend, prompt, None, Sampling(max_tokens=8))
     grammar = Grammar.from_choices([free.text])
-    masked = backend.generate(prompt, matcher_for(backend, grammar), Sampling(jump_forward=False))
+    masked = decode(backend, prompt, matcher_for(backend, grammar), Sampling(jump_forward=False))
     assert masked.token_ids == free.token_ids and masked.text == free.text
     assert masked.finish_reason == "stop"  # the grammar ended: no pass to sample the stop token
-    forced = backend.generate(prompt, matcher_for(backend, grammar), Sampling())
+    forced = decode(backend, prompt, matcher_for(backend, grammar), Sampling())
     assert forced.text == free.text
     assert forced.forward_passes == 1  # the whole text is forced: only the prompt's pass
 
@@ -149,8 +150,8 @@ def test_tiny_max_tokens_is_length(
     backend: LlamaCppBackend, person: Any, jump_forward: bool
 ) -> None:
     prompt = chat(backend, "Describe a person as JSON.")
-    result = backend.generate(
-        prompt, person.matcher(), Sampling(max_tokens=3, jump_forward=jump_forward)
+    result = decode(
+        backend, prompt, person.matcher(), Sampling(max_tokens=3, jump_forward=jump_forward)
     )
     assert result.finish_reason == "length"
     assert result.completion_tokens == 3
@@ -161,8 +162,8 @@ def test_jump_forward_saves_passes_and_both_outputs_are_valid(
     backend: LlamaCppBackend, person: Any
 ) -> None:
     prompt = chat(backend, "Describe a person as JSON with name, age and city.")
-    jumped = backend.generate(prompt, person.matcher(), Sampling(max_tokens=64))
-    plain = backend.generate(prompt, person.matcher(), Sampling(max_tokens=64, jump_forward=False))
+    jumped = decode(backend, prompt, person.matcher(), Sampling(max_tokens=64))
+    plain = decode(backend, prompt, person.matcher(), Sampling(max_tokens=64, jump_forward=False))
     for result in (jumped, plain):
         assert result.finish_reason == "stop"
         assert person.check(json.loads(result.text)) == []
@@ -186,7 +187,8 @@ def test_logits_processor_in_create_completion(backend: LlamaCppBackend) -> None
     assert re.fullmatch(r"[0-9]{3}-[0-9]{4}", text), text
     assert completion["choices"][0]["finish_reason"] == "stop"
     assert matcher.can_end() and processor.seen == completion["usage"]["completion_tokens"]
-    ours = backend.generate(
+    ours = decode(
+        backend,
         prompt,
         matcher_for(backend, Grammar.from_regex(r"[0-9]{3}-[0-9]{4}")),
         Sampling(jump_forward=False),
@@ -198,11 +200,11 @@ def test_listener_sees_every_token_and_can_stop_the_loop(backend: LlamaCppBacken
     seen: list[int] = []
     prompt = backend.render_chat([{"role": "user", "content": "Count from one to twenty."}])
     words = GrammarMatcher(compile_grammar(Grammar.from_regex("[a-z ]{40}"), backend.vocabulary))
-    whole = backend.generate(prompt, words, Sampling(max_tokens=30, on_tokens=seen.extend))
+    whole = decode(backend, prompt, words, Sampling(max_tokens=30, on_tokens=seen.extend))
     assert seen == whole.token_ids and whole.finish_reason == "stop"
     calls: list[list[int]] = []
-    stopped = backend.generate(
-        prompt, None, Sampling(max_tokens=30, on_tokens=lambda t: calls.append(t) or False)
+    stopped = decode(
+        backend, prompt, None, Sampling(max_tokens=30, on_tokens=lambda t: calls.append(t) or False)
     )
     assert stopped.finish_reason == "cancelled" and len(calls) == 1
     assert stopped.token_ids == calls[0]
@@ -212,5 +214,5 @@ def test_a_passed_deadline_stops_before_decoding(backend: LlamaCppBackend) -> No
     import time
 
     prompt = backend.render_chat([{"role": "user", "content": "Count from one to twenty."}])
-    result = backend.generate(prompt, None, Sampling(max_tokens=30, deadline=time.monotonic()))
+    result = decode(backend, prompt, None, Sampling(max_tokens=30, deadline=time.monotonic()))
     assert result.finish_reason == "timeout" and result.token_ids == []

@@ -19,10 +19,13 @@ pytest.importorskip("transformers", reason="needs the hf extra: pip install -e '
 # transformers needs accelerate to load a GGUF file
 pytest.importorskip("accelerate", reason="needs the hf extra: pip install -e '.[hf]'")
 
-from formline.backends import Sampling, default_model_path
+import formline
+from formline.backends import default_model_path
 from formline.grammar import Grammar
 from formline.mask import GrammarMatcher, compile_grammar
+from formline.pipeline.decoding import Sampling, decode
 from formline.schema import compile_schema
+from scripted import ScriptedEngine
 
 PERSON = {
     "type": "object",
@@ -58,6 +61,13 @@ def matcher_for(backend: Any, grammar: Grammar) -> GrammarMatcher:
     return GrammarMatcher(compile_grammar(grammar, backend.vocabulary, disk_cache=False))
 
 
+def assert_every_token_was_fed_once(result: Any) -> None:
+    """Each sampled token came from one pass (the prompt's gave the first; the last one
+    needs no pass of its own when the grammar ended on it); forced tokens rode along."""
+    sampled = result.completion_tokens - result.forward_passes_saved - result.closing_tokens
+    assert sampled in (result.forward_passes - 1, result.forward_passes)
+
+
 def test_vocabulary_has_the_logits_size(backend: Any) -> None:
     assert backend.name == "transformers"
     assert backend.vocabulary.size == backend.logits_size == 49152
@@ -67,20 +77,23 @@ def test_vocabulary_has_the_logits_size(backend: Any) -> None:
 def test_regex_output_matches_fully(backend: Any) -> None:
     pattern = r"\d{4}-\d{2}-\d{2}"
     prompt = chat(backend, "When did the Apollo 11 landing happen? Give the date as YYYY-MM-DD.")
-    result = backend.generate(
-        prompt, matcher_for(backend, Grammar.from_regex(pattern)), Sampling(max_tokens=20)
+    result = decode(
+        backend, prompt, matcher_for(backend, Grammar.from_regex(pattern)), Sampling(max_tokens=20)
     )
     assert result.finish_reason == "stop"
     assert re.fullmatch(pattern, result.text), result.text
-    assert result.token_ids[-1] in backend.vocabulary.eos_ids
+    assert not set(result.token_ids) & backend.vocabulary.eos_ids  # the stop token is not output
     assert result.mask_seconds > 0 and result.forward_seconds > 0
 
 
 def test_choice_output_is_one_of_the_choices(backend: Any) -> None:
     choices = ["Paris", "London", "Berlin", "Madrid"]
     prompt = chat(backend, "What is the capital of France?")
-    result = backend.generate(
-        prompt, matcher_for(backend, Grammar.from_choices(choices)), Sampling(max_tokens=10)
+    result = decode(
+        backend,
+        prompt,
+        matcher_for(backend, Grammar.from_choices(choices)),
+        Sampling(max_tokens=10),
     )
     assert result.finish_reason == "stop"
     assert result.text in choices
@@ -89,23 +102,22 @@ def test_choice_output_is_one_of_the_choices(backend: Any) -> None:
 def test_json_schema_output_parses_and_checks(backend: Any) -> None:
     schema = compile_schema(PERSON, backend.vocabulary, disk_cache=False)
     prompt = chat(backend, "Describe a person named Alice, aged 30, as JSON with name and age.")
-    result = backend.generate(prompt, schema.matcher(), Sampling(max_tokens=32))
+    result = decode(backend, prompt, schema.matcher(), Sampling(max_tokens=32))
     assert result.finish_reason == "stop", result.text
     assert schema.check(json.loads(result.text)) == []
-    # Every token but the final eos was fed once: in its own pass or batched by jump-forward.
-    assert result.forward_passes + result.forward_passes_saved == result.completion_tokens
+    assert_every_token_was_fed_once(result)
 
 
 def test_seeded_sampling_reproduces(backend: Any) -> None:
     schema = compile_schema(PERSON, backend.vocabulary, disk_cache=False)
     prompt = chat(backend, "Invent a person as JSON with name and age.")
     sampling = Sampling(temperature=1.0, top_p=0.9, seed=1234, max_tokens=24)
-    first = backend.generate(prompt, schema.matcher(), sampling)
-    second = backend.generate(prompt, schema.matcher(), sampling)
+    first = decode(backend, prompt, schema.matcher(), sampling)
+    second = decode(backend, prompt, schema.matcher(), sampling)
     assert first.token_ids == second.token_ids
     free = Sampling(temperature=0.8, top_p=0.95, seed=5, max_tokens=12)
-    assert backend.generate(prompt, None, free).token_ids == (
-        backend.generate(prompt, None, free).token_ids
+    assert decode(backend, prompt, None, free).token_ids == (
+        decode(backend, prompt, None, free).token_ids
     )
 
 
@@ -113,8 +125,8 @@ def test_tiny_max_tokens_gives_length(backend: Any) -> None:
     schema = compile_schema(LONG_KEYS, backend.vocabulary, disk_cache=False)
     prompt = chat(backend, "Give a customer record as JSON.")
     for jump_forward in (True, False):
-        result = backend.generate(
-            prompt, schema.matcher(), Sampling(max_tokens=3, jump_forward=jump_forward)
+        result = decode(
+            backend, prompt, schema.matcher(), Sampling(max_tokens=3, jump_forward=jump_forward)
         )
         assert result.finish_reason == "length"
         assert result.completion_tokens == len(result.token_ids) == 3
@@ -123,11 +135,11 @@ def test_tiny_max_tokens_gives_length(backend: Any) -> None:
 def test_constrained_greedy_equals_free_greedy_when_free_fits(backend: Any) -> None:
     pattern = r"The capital of [A-Z][a-z]+ is [A-Z][a-z]+\."
     prompt = chat(backend, "What is the capital of France? Answer with one word.")
-    free = backend.generate(prompt, None, Sampling(max_tokens=24))
+    free = decode(backend, prompt, None, Sampling(max_tokens=24))
     assert free.finish_reason == "stop"
     assert re.fullmatch(pattern, free.text), f"precondition: the free output {free.text!r}"
-    constrained = backend.generate(
-        prompt, matcher_for(backend, Grammar.from_regex(pattern)), Sampling(max_tokens=24)
+    constrained = decode(
+        backend, prompt, matcher_for(backend, Grammar.from_regex(pattern)), Sampling(max_tokens=24)
     )
     assert constrained.text == free.text
     assert constrained.token_ids == free.token_ids
@@ -136,10 +148,8 @@ def test_constrained_greedy_equals_free_greedy_when_free_fits(backend: Any) -> N
 def test_jump_forward_saves_passes_and_stays_valid(backend: Any) -> None:
     schema = compile_schema(LONG_KEYS, backend.vocabulary, disk_cache=False)
     prompt = chat(backend, "Customer 4512 has an active premium subscription. Answer as JSON.")
-    jumped = backend.generate(prompt, schema.matcher(), Sampling(max_tokens=40))
-    stepped = backend.generate(
-        prompt, schema.matcher(), Sampling(max_tokens=40, jump_forward=False)
-    )
+    jumped = decode(backend, prompt, schema.matcher(), Sampling(max_tokens=40))
+    stepped = decode(backend, prompt, schema.matcher(), Sampling(max_tokens=40, jump_forward=False))
     for result in (jumped, stepped):
         assert result.finish_reason == "stop", result.text
         assert schema.check(json.loads(result.text)) == []
@@ -147,7 +157,7 @@ def test_jump_forward_saves_passes_and_stays_valid(backend: Any) -> None:
     # The two keys alone are 60 forced bytes: about 15 tokens fed without their own pass.
     assert jumped.forward_passes_saved >= 10
     assert jumped.forward_passes < stepped.forward_passes
-    assert jumped.forward_passes + jumped.forward_passes_saved == jumped.completion_tokens
+    assert_every_token_was_fed_once(jumped)
 
 
 def _generate_with_processor(backend: Any, questions: list[str], grammar: Any, **options: Any):
@@ -222,12 +232,12 @@ def test_unloadable_paths_raise_backend_error(tmp_path: Any) -> None:
         TransformersBackend(tmp_path)  # a directory without a model
 
 
-def test_jump_forward_respects_the_rollback_limit(backend: Any) -> None:
+def test_jump_forward_works_under_a_rollback_limit(backend: Any) -> None:
     schema = compile_schema(LONG_KEYS, backend.vocabulary, disk_cache=False)
     prompt = chat(backend, "Give a customer record as JSON.")
-    result = backend.generate(prompt, schema.matcher(max_rollback_tokens=2), Sampling(max_tokens=8))
+    result = decode(backend, prompt, schema.matcher(max_rollback_tokens=2), Sampling(max_tokens=8))
     assert result.finish_reason == "length" and result.completion_tokens == 8
-    assert result.extra["jump_forward_tokens"] > 0  # jumps of at most 2 tokens still happen
+    assert result.extra["jump_forward_tokens"] > 2  # the back-off no longer rolls back
     replay = schema.matcher()
     assert all(replay.accept_token(token) for token in result.token_ids)
 
@@ -235,10 +245,10 @@ def test_jump_forward_respects_the_rollback_limit(backend: Any) -> None:
 def test_listener_sees_every_token_and_can_stop_the_loop(backend: Any) -> None:
     seen: list[int] = []
     prompt = chat(backend, "Count from one to twenty in words.")
-    whole = backend.generate(prompt, None, Sampling(max_tokens=8, on_tokens=seen.extend))
+    whole = decode(backend, prompt, None, Sampling(max_tokens=8, on_tokens=seen.extend))
     assert seen == whole.token_ids
-    stopped = backend.generate(
-        prompt, None, Sampling(max_tokens=30, on_tokens=lambda tokens: len(tokens) < 1)
+    stopped = decode(
+        backend, prompt, None, Sampling(max_tokens=30, on_tokens=lambda tokens: len(tokens) < 1)
     )
     assert stopped.finish_reason == "cancelled" and len(stopped.token_ids) <= 2
 
@@ -247,5 +257,44 @@ def test_a_passed_deadline_stops_before_decoding(backend: Any) -> None:
     import time
 
     prompt = chat(backend, "Count from one to twenty in words.")
-    result = backend.generate(prompt, None, Sampling(max_tokens=30, deadline=time.monotonic()))
+    result = decode(backend, prompt, None, Sampling(max_tokens=30, deadline=time.monotonic()))
     assert result.finish_reason == "timeout" and result.token_ids == []
+
+
+def test_the_same_scripted_logits_give_the_same_run_on_both_engines(
+    backend: Any, llama_backend: Any
+) -> None:
+    """One loop for every engine: the same logits (scripted over each engine's own
+    tokenizer, which for SmolLM2 is the same BPE) give the same tokens, usage counts,
+    passes and finish reason on llama.cpp and on transformers."""
+    answer = '{"name":"Ada","age":36}'
+    schema = compile_schema(PERSON, backend.vocabulary, disk_cache=False)
+    runs = []
+    for engine in (backend, llama_backend):
+        prompt = chat(engine, "Who is Ada?")
+        for sampling in (Sampling(max_tokens=24), Sampling(max_tokens=8, jump_forward=False)):
+            result = decode(ScriptedEngine(engine, answer), prompt, schema.matcher(), sampling)
+            runs.append(
+                (
+                    result.token_ids,
+                    result.text,
+                    result.finish_reason,
+                    result.prompt_tokens,
+                    result.completion_tokens,
+                    result.forward_passes,
+                    result.forward_passes_saved,
+                    result.closing_tokens,
+                )
+            )
+    assert runs[:2] == runs[2:]
+    assert runs[0][1] == answer and runs[0][2] == "stop"
+    assert runs[1][2] == "stop" and schema.check(json.loads(runs[1][1])) == []  # closed in 8
+
+
+def test_formline_stream_on_transformers(backend: Any) -> None:
+    """``formline.stream`` on this engine: partial dicts that grow, then the valid value."""
+    items = list(
+        formline.stream("Alice is 30. Give her name and age.", PERSON, backend, max_tokens=32)
+    )
+    assert len(items) >= 3 and all(isinstance(item, dict) for item in items)
+    assert compile_schema(PERSON, backend.vocabulary).check(items[-1]) == []

@@ -6,34 +6,27 @@ from typing import Any
 
 import pytest
 
-from formline.backends.base import Generation, Sampling
 from formline.evaluation.dataset import extraction_dev_directory
 from formline.evaluation.runner import load_tasks, run_task, summarize_variant
 from formline.evaluation.variants import VARIANTS
-from formline.mask.matcher import GrammarMatcher
 from formline.vocab import Vocabulary
+from scripted import ScriptedDecoder, install_decoder
 
 EXTRACTION = extraction_dev_directory()
 RIGHT = '{"name":"Chiamaka Eze","age":29,"city":"Lagos"}'
 
 
-class Scripted:
-    """A backend that writes scripted texts, in order."""
+@pytest.fixture
+def scripted(smollm2_vocab: Vocabulary, monkeypatch: pytest.MonkeyPatch) -> Any:
+    """A scripted model and loop: each call of ``formline.generate`` writes the next text."""
 
-    name = "scripted"
+    def make(*texts: str) -> ScriptedDecoder:
+        decoder = ScriptedDecoder(
+            smollm2_vocab, *texts, forward_seconds=0.1, mask_seconds=0.002, completion_tokens=12
+        )
+        return install_decoder(monkeypatch, decoder)
 
-    def __init__(self, vocabulary: Vocabulary, *texts: str):
-        self.vocabulary = vocabulary
-        self.texts = list(texts)
-        self.prompts: list[str] = []
-
-    def render_chat(self, messages: list[dict[str, str]]) -> str:
-        return "".join(f"<{m['role']}>{m['content']}" for m in messages)
-
-    def generate(self, prompt: str, matcher: GrammarMatcher | None, sampling: Sampling) -> Any:
-        self.prompts.append(prompt)
-        text = self.texts.pop(0)
-        return Generation([], text, "stop", 10, 12, forward_seconds=0.1, mask_seconds=0.002)
+    return make
 
 
 @pytest.fixture
@@ -41,19 +34,19 @@ def person() -> dict[str, Any]:
     return load_tasks(EXTRACTION / "tasks.jsonl", limit=1)[0]
 
 
-def test_free_output_in_a_fence_parses_leniently(smollm2_vocab: Vocabulary, person: Any) -> None:
-    backend = Scripted(smollm2_vocab, f"```json\n{RIGHT}\n```")
+def test_free_output_in_a_fence_parses_leniently(scripted: Any, person: Any) -> None:
+    backend = scripted(f"```json\n{RIGHT}\n```")
     record = run_task(person, VARIANTS["free"], backend, 50)
     assert (record["strict"], record["lenient"], record["valid"]) == (False, True, True)
     assert record["scores"] == {"name": True, "age": True, "city": True}
     assert "JSON Schema" in backend.prompts[0]  # free describes the schema
 
 
-def test_string_typed_answer_is_coerced_then_scored(smollm2_vocab: Vocabulary, person: Any) -> None:
-    backend = Scripted(smollm2_vocab, RIGHT.replace("29", '"29"'))
+def test_string_typed_answer_is_coerced_then_scored(scripted: Any, person: Any) -> None:
+    backend = scripted(RIGHT.replace("29", '"29"'))
     record = run_task(person, VARIANTS["string-typed"], backend, 50)
     assert record["value"]["age"] == 29 and record["valid"] and record["scores"]["age"]
-    constrained = run_task(person, VARIANTS["constrained"], Scripted(smollm2_vocab, RIGHT), 50)
+    constrained = run_task(person, VARIANTS["constrained"], scripted(RIGHT), 50)
     assert "JSON Schema" not in backend.prompts[0]
     summary = summarize_variant([person], [constrained])
     assert summary["fields_correct"] == 1.0 and summary["mask_ms_per_token"] == pytest.approx(
@@ -61,9 +54,9 @@ def test_string_typed_answer_is_coerced_then_scored(smollm2_vocab: Vocabulary, p
     )
 
 
-def test_repair_retries_an_invalid_answer(smollm2_vocab: Vocabulary, person: Any) -> None:
+def test_repair_retries_an_invalid_answer(scripted: Any, person: Any) -> None:
     wrong = '{"name":"Chiamaka Eze","age":-1,"city":"Lagos","extra":1}'
-    backend = Scripted(smollm2_vocab, wrong, RIGHT)
+    backend = scripted(wrong, RIGHT)
     record = run_task(person, VARIANTS["repair"], backend, 50)
     assert record["attempts"] == 2 and record["tokens"] == 24
     assert record["output"] == RIGHT and all(record["scores"].values())

@@ -15,9 +15,7 @@ import pytest
 from pydantic import BaseModel, Field, ValidationInfo, field_validator
 
 import formline
-from formline.backends.base import Generation, Sampling
 from formline.evaluation.dataset import extraction_dev_directory
-from formline.mask.matcher import GrammarMatcher
 from formline.pipeline.escape_hatches import (
     add_other_option,
     apply_escape_hatches,
@@ -35,6 +33,7 @@ from formline.pipeline.extract import (
 )
 from formline.schema import SchemaError, compile_schema
 from formline.vocab import Vocabulary
+from scripted import ScriptedDecoder, install_decoder
 
 EXTRACTION = extraction_dev_directory()
 SOURCE = "Ada Lovelace, 36, lives in London."
@@ -60,32 +59,11 @@ class Person(BaseModel):
         return name
 
 
-class ScriptedBackend:
-    """A Backend whose outputs are scripted: (text, finish_reason) pairs, in order."""
-
-    name = "scripted"
-
-    def __init__(self, vocabulary: Vocabulary, script: list[tuple[str, str] | str]):
-        self.vocabulary = vocabulary
-        self.script = [(item, "stop") if isinstance(item, str) else item for item in script]
-        self.prompts: list[str] = []
-        self.max_tokens: list[int] = []
-
-    def render_chat(self, messages: list[dict[str, str]]) -> str:
-        return "".join(f"<{m['role']}>\n{m['content']}\n" for m in messages) + "<assistant>\n"
-
-    def generate(
-        self, prompt: str, matcher: GrammarMatcher | None, sampling: Sampling
-    ) -> Generation:
-        self.prompts.append(prompt)
-        self.max_tokens.append(sampling.max_tokens)
-        text, finish_reason = self.script.pop(0)
-        return Generation([], text, finish_reason, len(prompt) // 4, len(text) // 4 + 1)
-
-
 @pytest.fixture
-def scripted(smollm2_vocab: Vocabulary) -> Any:
-    return lambda *script: ScriptedBackend(smollm2_vocab, list(script))
+def scripted(smollm2_vocab: Vocabulary, monkeypatch: pytest.MonkeyPatch) -> Any:
+    """A scripted model and loop: each call of ``formline.generate`` gives the next
+    ``(text, finish_reason)``."""
+    return lambda *script: install_decoder(monkeypatch, ScriptedDecoder(smollm2_vocab, *script))
 
 
 def test_first_try_success_returns_the_pydantic_instance(scripted: Any) -> None:

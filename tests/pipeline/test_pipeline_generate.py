@@ -12,8 +12,9 @@ from typing import Any
 import pytest
 
 from formline.backends import load_backend
+from formline.constraint import Choice, Regex
 from formline.evaluation.dataset import extraction_dev_directory
-from formline.pipeline.generate import Choice, Regex, TruncatedOutput, generate
+from formline.pipeline.generate import TruncatedOutput, generate
 from formline.schema import compile_schema
 
 EXTRACTION = extraction_dev_directory()

@@ -7,9 +7,12 @@ from typing import Any
 
 import numpy as np
 
-from formline.backends.base import apply_mask_measuring
-from formline.mask.bitmask import allocate_token_bitmask, ids_to_bitmask
-from formline.pipeline.pressure import byte_paths, field_pressure, top_level
+from formline.mask.bitmask import (
+    allocate_token_bitmask,
+    apply_token_bitmask_inplace,
+    ids_to_bitmask,
+)
+from formline.pipeline.pressure import PressureListener, byte_paths, field_pressure, top_level
 
 
 def test_byte_paths_follow_keys_indices_and_nesting() -> None:
@@ -38,13 +41,18 @@ def test_field_pressure_aggregates_steps_on_the_fields_they_wrote() -> None:
     assert set(top_level(pressure)) == {"age", "city"}
 
 
-def test_apply_mask_measuring_reports_removed_mass_and_refused_preference() -> None:
+def test_the_pressure_listener_measures_removed_mass_and_refused_preference() -> None:
     logits = np.log(np.array([0.7, 0.2, 0.1], dtype=np.float32))
     bitmask = allocate_token_bitmask(1, 3)
     bitmask[0] = ids_to_bitmask(np.array([1, 2]), 1).view(np.int32)
-    removed, refused, preferred = apply_mask_measuring(logits, bitmask[0])
+    listener = PressureListener()
+    listener.on_logits(4, logits, object(), 0.0)
+    apply_token_bitmask_inplace(logits, bitmask[0])
+    listener.on_masked(4, logits, bitmask[0])
+    removed, refused, preferred = listener.steps[4]
     assert abs(removed - 0.7) < 1e-5 and refused and preferred == 0
-    assert np.isneginf(logits[0]) and np.isfinite(logits[1])
+    listener.on_logits(5, logits, None, 0.0)  # a free step is not measured
+    assert list(listener.steps) == [4]
 
 
 def test_results_carry_pressure_from_the_real_model(llama_backend: Any) -> None:

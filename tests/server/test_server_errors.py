@@ -190,15 +190,18 @@ def test_concurrent_requests_all_validate_and_health_answers(
 
 
 class BrokenBackend:
-    """The real model's vocabulary and chat template, but every decoding loop fails."""
+    """The real model's vocabulary, tokenizer and chat template, but every forward pass
+    fails."""
 
     name = "broken"
 
     def __init__(self, real: Any):
-        self.vocabulary = real.vocabulary
-        self.render_chat = real.render_chat
+        self.real = real
 
-    def generate(self, prompt: str, matcher: Any, sampling: Any) -> Any:
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.real, name)
+
+    def forward(self, token_ids: list[int]) -> Any:
         raise RuntimeError("the engine crashed")
 
 

@@ -10,9 +10,9 @@ from typing import Any
 import pytest
 from hostile_bodies import CASES, RAW_BODIES, TOOL, body_for, tool
 
-from formline.backends.base import Generation
+from formline.constraint import Constraint, Plan
+from formline.pipeline.decoding import Generation
 from formline.schema.api import SchemaCheck
-from formline.server.constraints import OutputPlan
 from formline.server.engine import INVALID_FINISH, read_choice
 from formline.server.errors import ApiError
 from formline.server.requests import SEED_RANGE, Limits, parse_body, parse_chat_request
@@ -83,7 +83,8 @@ def generation(text: str, finish: str = "stop") -> Generation:
 
 def test_an_answer_the_clients_schema_refuses_is_reported_not_stop() -> None:
     schema = {"type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a"]}
-    plan = OutputPlan(None, None, "", "content", True, client_check=SchemaCheck(schema))
+    constraint = Constraint("json_schema", schema, close_objects=True)
+    plan = Plan(constraint, None, client_check=SchemaCheck(schema))
     valid = read_choice(generation('{"a": 1}'), plan)
     assert valid.finish_reason == "stop" and not valid.errors
     invalid = read_choice(generation('{"a": "one"}'), plan)

@@ -9,7 +9,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from formline.server.closing import close_objects
+from formline.schema.closing import close_objects
 
 AGENT = Path(__file__).resolve().parents[2] / "examples" / "sgr_pricing" / "agent.py"
 

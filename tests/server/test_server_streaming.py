@@ -151,8 +151,10 @@ def test_a_character_split_across_tokens_is_sent_whole(llama_backend: Any) -> No
     plan = plan_output(chat, vocabulary)
     stream = ChoiceStream(0, plan, vocabulary, writer, lambda event: events.append(event) or True)
     stream.start()
-    for token in tokens:
-        stream.feed([token])
+    output: list[int] = []
+    for token in tokens:  # one token per step, as the decoding loop shows them
+        output.append(token)
+        stream.listener.on_output(output)
     stream.finish(ChoiceOutput(text, "stop"))
     chunks = [json.loads(event.removeprefix("data: ")) for event in events if event]
     contents = [c["choices"][0]["delta"].get("content") or "" for c in chunks]

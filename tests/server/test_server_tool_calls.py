@@ -2,8 +2,9 @@
 
 The grammar side runs on the real compiled plan. The 135M model never writes a second call
 (0 of 8 sampled answers, with a two-call example in the prompt), so the server side replays
-a fixed answer token by token through the real tokenizer, the request's real matcher (every
-token must be allowed, or the test fails) and the real server, read by the ``openai`` client.
+a fixed answer as scripted logits (:class:`ScriptedEngine`) through the real tokenizer, the
+real decoding loop, the request's real matcher (a refused token changes the answer, and
+the test fails) and the real server, read by the ``openai`` client.
 """
 
 from __future__ import annotations
@@ -15,12 +16,12 @@ from typing import Any
 import pytest
 from server_tools import TIME_TOOL, WEATHER_TOOL, ask, tool_call_deltas
 
-from formline.backends.base import Generation, Sampling, StepGate
 from formline.mask.matcher import GrammarMatcher
 from formline.server.app import BackgroundServer, create_app
 from formline.server.constraints import plan_output
 from formline.server.engine import Engine
 from formline.server.requests import Limits, parse_chat_request
+from scripted import ScriptedEngine
 
 TWO_CALLS = (
     '[{"name":"get_weather","arguments":{"city":"Paris","unit":"celsius"}},'
@@ -30,34 +31,6 @@ TWO_CALLS = (
 
 def call(name: str, arguments: dict[str, Any]) -> str:
     return json.dumps({"name": name, "arguments": arguments}, separators=(",", ":"))
-
-
-class Replay:
-    """A backend that writes ``answer``, tokenized by the real model's tokenizer, one token
-    per step through the request's matcher (a refused token is an error, not skipped)."""
-
-    name = "replay"
-
-    def __init__(self, llama_backend: Any, answer: str):
-        self.inner, self.answer = llama_backend, answer
-        self.vocabulary = llama_backend.vocabulary
-
-    def render_chat(self, messages: list[dict[str, str]]) -> str:
-        rendered: str = self.inner.render_chat(messages)
-        return rendered
-
-    def generate(
-        self, prompt: str, matcher: GrammarMatcher | None, sampling: Sampling
-    ) -> Generation:
-        tokens = self.inner.llm.tokenize(self.answer.encode(), add_bos=False, special=False)
-        gate, output = StepGate(sampling), []
-        for token in tokens:
-            if matcher is not None and not matcher.accept_token(token):
-                raise AssertionError(f"the grammar refused {self.answer!r} at token {token}")
-            output.append(token)
-            gate.check(output)
-        assert matcher is None or matcher.can_end()
-        return Generation(output, self.answer, "stop", 10, len(output))
 
 
 def plan_for(body: dict[str, Any], llama_backend: Any) -> Any:
@@ -97,7 +70,8 @@ def test_parallel_tool_calls_false_allows_exactly_one_call(llama_backend: Any) -
 
 @pytest.fixture(scope="module")
 def replay_server(llama_backend: Any) -> Iterator[BackgroundServer]:
-    engine = Engine(Replay(llama_backend, TWO_CALLS), "replay", Limits())
+    answers = [TWO_CALLS] * 8  # one per request of this module
+    engine = Engine(ScriptedEngine(llama_backend, *answers), "replay", Limits())
     running = BackgroundServer(create_app(engine)).start()
     yield running
     running.stop()

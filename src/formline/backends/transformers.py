@@ -1,36 +1,26 @@
 """The Hugging Face transformers backend, and a logits processor for ``model.generate``.
 
-:class:`TransformersBackend` runs formline's own decoding loop on a ``transformers`` causal LM
-(a GGUF file, dequantized on load, or a model directory): one forward pass per token with the
-KV cache, the matcher's bitmask applied to the last logits, and jump-forward (the grammar's
-forced text fed in one pass). :class:`FormlineLogitsProcessor` plugs a compiled grammar into
-the user's own ``model.generate(...)`` (greedy, sampling, batches with left padding).
+:class:`TransformersBackend` is a ``transformers`` causal LM (a GGUF file, dequantized on
+load, or a model directory) as a formline engine: a forward pass over new tokens with the
+KV cache, the last logits as numpy; formline's one decoding loop
+(:func:`formline.pipeline.decoding.decode`) masks, samples and jump-forwards.
+:class:`FormlineLogitsProcessor` plugs a compiled grammar into the user's own
+``model.generate(...)`` (greedy, sampling, batches with left padding).
 
 This is the only formline module that imports torch and transformers.
 """
 
 from __future__ import annotations
 
-import bisect
-import functools
 import importlib.util
 import inspect
-import time
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from formline.backends.base import (
-    BackendError,
-    Generation,
-    LoopCounters,
-    Sampling,
-    StepGate,
-    apply_mask_measuring,
-    closing_tokens,
-)
+from formline.backends.base import BackendError
 from formline.mask.batch import default_batch_matcher
 from formline.mask.bitmask import allocate_token_bitmask, apply_token_bitmask_inplace
 from formline.mask.compiled import CompiledGrammar
@@ -47,7 +37,7 @@ except ImportError as _error:  # pragma: no cover - depends on the environment
         "pip install 'formline[hf]' torch accelerate"
     ) from _error
 
-MAX_BACK_OFF = 4  # trailing forced tokens re-checked for a merge across the end (llguidance: 4)
+DEFAULT_CONTEXT = 2048  # positions assumed when the config does not say
 
 
 class TransformersBackend:
@@ -100,6 +90,7 @@ class TransformersBackend:
         # transformers 5.x names the KV cache ``cache`` (``past_key_values`` is deprecated,
         # removed in 5.40); 4.x only knows ``past_key_values``.
         self._cache_name = "cache" if "cache" in parameters else "past_key_values"
+        self._cache: Any = None
 
     def render_chat(self, messages: list[dict[str, str]]) -> str:
         """The model's chat template applied to ``messages``, assistant turn opened.
@@ -115,242 +106,42 @@ class TransformersBackend:
             raise BackendError(f"{self.model_path}: {error}") from error
         return str(text)
 
-    def encode_prompt(self, prompt: str) -> list[int]:
+    @property
+    def context_size(self) -> int:
+        """The model's positions (``max_position_embeddings``; 8,192 for SmolLM2), else
+        2,048."""
+        config = self.model.config.get_text_config()
+        return int(getattr(config, "max_position_embeddings", None) or DEFAULT_CONTEXT)
+
+    def tokenize_prompt(self, prompt: str) -> list[int]:
         """Prompt token ids: the tokenizer's special tokens (BOS) are added unless the text
         already starts with them (a rendered chat template carries its own)."""
         bos = getattr(self.tokenizer, "bos_token", None)
         add_special = not (bos and prompt.startswith(bos))
         return list(self.tokenizer(prompt, add_special_tokens=add_special)["input_ids"])
 
-    def generate(
-        self, prompt: str, matcher: GrammarMatcher | None, sampling: Sampling
-    ) -> Generation:
-        """Decode from ``prompt``, constrained by ``matcher`` when given.
-
-        Greedy at ``temperature == 0``, else temperature and top-p sampling from a
-        ``torch.Generator`` seeded with ``sampling.seed`` (same seed, same output). Stops at
-        an eos id, the matcher's end, or ``max_tokens`` (finish_reason ``"length"``).
-
-        Raises:
-            RuntimeError: the matcher refused a token its own mask allowed, or allowed no
-                token at all (both are formline bugs).
-        Costs one forward pass per token (41 ms for SmolLM2-135M in float32 on a CPU core)
-        plus, when constrained, one mask fill and apply (0.15-0.3 ms measured on a JSON
-        schema); a jump-forward feeds its forced tokens with the next sampled one in one pass.
-        """
-        generator = torch.Generator()
-        if sampling.seed is None:
-            generator.seed()
-        else:
-            generator.manual_seed(sampling.seed)
-        prompt_ids = self.encode_prompt(prompt)
-        loop = _Loop(self, matcher, sampling, generator)
-        loop.run(prompt_ids)
-        output = loop.output
-        stopped = loop.finish_reason == "stop" and output and output[-1] in self.vocabulary.eos_ids
-        text_ids = output[:-1] if stopped else output
-        return loop.counters.generation(
-            list(output),
-            self.tokenizer.decode(text_ids, skip_special_tokens=False),
-            loop.finish_reason,
-            len(prompt_ids),
-            device=str(self.device),
-        )
-
-    @functools.cached_property
-    def prefix_index(self) -> PrefixIndex:
-        """Tokens sorted by bytes, for jump-forward's back-off (built on first use)."""
-        return PrefixIndex(self.vocabulary)
-
-    def forward(self, token_ids: list[int], cache: Any) -> tuple[Any, Any]:
-        """One forward pass over ``token_ids`` after ``cache``: (last logits on the CPU as
-        float32, the new cache). Costs one model call."""
-        input_ids = torch.tensor([token_ids], dtype=torch.long, device=self.device)
-        options = {self._cache_name: cache, "use_cache": True, **self._keep_last}
-        with torch.no_grad():  # not inference_mode: the logits are masked in place after
-            out = self.model(input_ids=input_ids, **options)
-        return out.logits[0, -1].float().cpu(), getattr(out, self._cache_name)
-
-
-class _Loop:
-    """One decoding loop's state and counters (see :meth:`TransformersBackend.generate`)."""
-
-    def __init__(
-        self,
-        backend: TransformersBackend,
-        matcher: GrammarMatcher | None,
-        sampling: Sampling,
-        generator: Any,
-    ):
-        self.backend, self.matcher, self.sampling = backend, matcher, sampling
-        self.generator = generator
-        self.output: list[int] = []
-        self.finish_reason = "length"
-        self.counters = LoopCounters()
-        # One (1, words) int32 bitmask per loop, applied by numpy to a view of the CPU logits
-        # (0.07 ms for 49k logits; torch's apply takes 0.06 ms but runs on its thread pool).
-        self.bitmask = allocate_token_bitmask(1, backend.logits_size)
-        self.scratch = np.empty(backend.logits_size, dtype=np.float32)  # pressure buffer
-        self.gate = StepGate(sampling)
-
-    def run(self, prompt_ids: list[int]) -> None:
-        self._steps(prompt_ids)
-        self.gate.check(self.output)  # the last tokens reach a streaming listener too
-
-    def _steps(self, prompt_ids: list[int]) -> None:
-        eos_ids = self.backend.vocabulary.eos_ids
-        pending, cache = prompt_ids, None
-        while len(self.output) < self.sampling.max_tokens:
-            stopped = self.gate.check(self.output)
-            if stopped:
-                self.finish_reason = stopped
-                return
-            started = time.perf_counter()
-            logits, cache = self.backend.forward(pending, cache)
-            self.counters.forward_seconds += time.perf_counter() - started
-            self.counters.forward_passes += 1
-            if self.output:  # the prompt pass saves nothing
-                self.counters.forward_passes_saved += len(pending) - 1
-            if self.close_within_budget():
-                return
-            token = self.choose(logits)
-            self.output.append(token)
-            if token in eos_ids or (self.matcher is not None and self.matcher.is_terminated()):
-                self.finish_reason = "stop"
-                return
-            forced = self.jump_forward()
-            self.output.extend(forced)
-            self.counters.jump_forward_tokens += len(forced)
-            pending = [token, *forced]
-
-    def close_within_budget(self) -> bool:
-        """Write the shortest completion when it only just fits (see ``closing_tokens``)."""
-        if self.matcher is None or not self.sampling.close_within_budget:
-            return False
-        closing = closing_tokens(
-            self.matcher,
-            self.sampling.max_tokens - len(self.output),
-            self._tokenize,
-            self.backend.vocabulary.token_bytes,
-        )
-        self.output.extend(closing)
-        self.counters.closing_tokens = len(closing)
-        if closing:
-            self.finish_reason = "stop"
-        return bool(closing)
-
-    def _tokenize(self, text: bytes) -> list[int]:
-        ids: list[int] = self.backend.tokenizer.encode(
+    def tokenize(self, text: bytes) -> list[int]:
+        """``text``'s tokens alone (no special tokens added)."""
+        ids: list[int] = self.tokenizer.encode(
             text.decode("utf-8", errors="replace"), add_special_tokens=False
         )
         return ids
 
-    def choose(self, logits: Any) -> int:
-        """Mask, pick and (when constrained) accept the next token."""
-        matcher = self.matcher
-        if matcher is not None:
-            started = time.perf_counter()
-            matcher.fill_next_token_bitmask(self.bitmask)
-            values = logits.numpy()  # shares memory with the tensor
-            self.counters.pressure[len(self.output)] = apply_mask_measuring(
-                values, self.bitmask[0], self.scratch
-            )
-            self.counters.mask_seconds += time.perf_counter() - started
-            if not np.isfinite(values).any():
-                raise RuntimeError("formline bug: the grammar mask allows no token")
-        token = pick_token(logits, self.sampling, self.generator)
-        if matcher is not None and not matcher.accept_token(token):
-            raise RuntimeError(f"formline bug: the matcher refused token {token} its mask allowed")
-        return token
+    def reset(self) -> None:
+        """Start a new sequence: drop the KV cache."""
+        self._cache = None
 
-    def jump_forward(self) -> list[int]:
-        """Accept the grammar's forced text as tokens; ``[]`` when there is none, it does not
-        tokenize into tokens the matcher accepts, or no budget is left."""
-        matcher = self.matcher
-        budget = self.sampling.max_tokens - len(self.output)
-        if matcher is None or not self.sampling.jump_forward or budget <= 0:
-            return []
-        forced = matcher.find_jump_forward_string()
-        if not forced:
-            return []
-        ids = self.backend.tokenizer.encode(forced, add_special_tokens=False)[:budget]
-        if matcher.max_rollback_tokens is not None:  # keep every accepted token undoable
-            ids = ids[: matcher.max_rollback_tokens]
-        for accepted, token in enumerate(ids):
-            if not 0 <= token < self.backend.logits_size or not matcher.accept_token(token):
-                matcher.rollback(accepted)
-                return []
-        return list(ids[: self.back_off(ids)])
-
-    def back_off(self, ids: list[int]) -> int:
-        """How many of the accepted forced ``ids`` to keep; the matcher ends after them.
-
-        The forced text is tokenized on its own, so its last tokens may split what the model
-        would write as one token across the end of the forced text: forcing ``"The capital
-        of "`` as ``[The, capital, of, " "]`` leaves a lone space where SmolLM2 writes
-        ``" France"``. As llguidance does, up to ``MAX_BACK_OFF`` trailing tokens are
-        dropped while a token the grammar allows at their start would extend past them.
-        Costs up to 4 rollbacks and mask lookups plus a scan of the tokens with that prefix.
-        """
-        matcher = self.matcher
-        assert matcher is not None
-        index = self.backend.prefix_index
-        token_bytes = self.backend.vocabulary.token_bytes
-        keep, suffix = len(ids), b""
-        first = max(0, len(ids) - MAX_BACK_OFF)
-        for start in range(len(ids) - 1, first - 1, -1):
-            matcher.rollback(1)
-            suffix = token_bytes[ids[start]] + suffix
-            if index.extended_by_allowed(suffix, matcher.next_token_mask_words()):
-                keep = start
-        for token in ids[first:keep]:
-            matcher.accept_token(token)
-        return keep
-
-
-class PrefixIndex:
-    """The vocabulary's text tokens sorted by bytes: the tokens extending a byte string
-    form one contiguous run. Building costs one sort (about 40 ms for 49k tokens)."""
-
-    def __init__(self, vocabulary: Vocabulary):
-        special = vocabulary.special_ids
-        pairs = sorted(
-            (piece, token)
-            for token, piece in enumerate(vocabulary.token_bytes)
-            if piece and token not in special
-        )
-        self.keys = [piece for piece, _ in pairs]
-        self.ids = np.array([token for _, token in pairs], dtype=np.int64)
-        self.lengths = np.array([len(piece) for piece in self.keys], dtype=np.int64)
-
-    def extended_by_allowed(self, prefix: bytes, mask_words: np.ndarray) -> bool:
-        """Whether a token longer than ``prefix`` that starts with it is allowed by
-        ``mask_words`` (uint32, bit ``t`` = token ``t``). Costs O(log V + matching tokens)."""
-        low = bisect.bisect_left(self.keys, prefix)
-        high = bisect.bisect_right(self.keys, prefix, lo=low, key=lambda key: key[: len(prefix)])
-        candidates = self.ids[low:high][self.lengths[low:high] > len(prefix)]
-        words = np.asarray(mask_words).view(np.uint32)[candidates >> 5]
-        return bool(((words >> (candidates & 31).astype(np.uint32)) & 1).any())
-
-
-def pick_token(logits: Any, sampling: Sampling, generator: Any) -> int:
-    """Greedy (``temperature == 0``) or temperature + top-p sampling from 1-D ``logits``.
-
-    Costs one softmax and, for ``top_p < 1``, a sort of the tokens the mask allows:
-    4 ms for all 49k logits on one core (a tenth of a SmolLM2 forward pass).
-    """
-    if sampling.temperature <= 0:
-        return int(torch.argmax(logits))
-    probs = torch.softmax(logits / sampling.temperature, dim=-1)
-    if sampling.top_p < 1.0:
-        allowed = torch.nonzero(probs > 0).squeeze(1)  # masked tokens have probability 0
-        sorted_probs, order = torch.sort(probs[allowed], descending=True)
-        # Keep the smallest prefix whose mass reaches top_p (always at least the top token).
-        keep = torch.cumsum(sorted_probs, dim=-1) - sorted_probs < sampling.top_p
-        keep[0] = True
-        probs = torch.zeros_like(probs)
-        probs[allowed[order[keep]]] = sorted_probs[keep]
-    return int(torch.multinomial(probs, 1, generator=generator))
+    def forward(self, token_ids: list[int]) -> np.ndarray:
+        """One forward pass over ``token_ids`` after the cached sequence; the last logits
+        as a float32 numpy array (on the CPU). Costs one model call (41 ms for SmolLM2-135M
+        in float32 on a CPU core)."""
+        input_ids = torch.tensor([token_ids], dtype=torch.long, device=self.device)
+        options = {self._cache_name: self._cache, "use_cache": True, **self._keep_last}
+        with torch.no_grad():
+            out = self.model(input_ids=input_ids, **options)
+        self._cache = getattr(out, self._cache_name)
+        logits: np.ndarray = out.logits[0, -1].float().cpu().numpy()
+        return logits
 
 
 def logits_size(model: Any) -> int:

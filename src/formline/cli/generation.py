@@ -15,6 +15,11 @@ import time
 from pathlib import Path
 from typing import Any
 
+from formline.constraint import Choice, Regex
+from formline.pipeline.extract import Failed, extract
+from formline.pipeline.generate import InvalidOutput, TruncatedOutput, backend_for, generate
+from formline.schema import schema_of
+
 EXIT_BACKEND = 3
 EXIT_TRUNCATED = 4
 EXIT_INVALID = 5
@@ -43,9 +48,6 @@ def add_output_arguments(parser: argparse.ArgumentParser) -> None:
 
 def output_spec(arguments: argparse.Namespace) -> Any:
     """The ``output=`` of :func:`formline.generate` from the command-line flags."""
-    from formline.pipeline.generate import Choice, Regex
-    from formline.schema import schema_of
-
     if getattr(arguments, "schema", None):
         return schema_of(Path(arguments.schema).read_text(encoding="utf-8"))
     if getattr(arguments, "regex", None):
@@ -56,14 +58,10 @@ def output_spec(arguments: argparse.Namespace) -> Any:
 
 
 def _backend(arguments: argparse.Namespace) -> Any:
-    from formline.pipeline.generate import backend_for
-
     return backend_for(arguments.model, arguments.backend)
 
 
 def _generate(arguments: argparse.Namespace, prompt: str, output: Any, backend: Any) -> Any:
-    from formline.pipeline.generate import generate
-
     return generate(
         prompt,
         output,
@@ -79,8 +77,6 @@ def _generate(arguments: argparse.Namespace, prompt: str, output: Any, backend: 
 
 def run_generate(arguments: argparse.Namespace) -> int:
     """Print the value (JSON for a schema, the text otherwise); exit 4/5 on a bad output."""
-    from formline.pipeline.generate import InvalidOutput, TruncatedOutput
-
     output = output_spec(arguments)
     backend = _backend(arguments)
     result = _generate(arguments, arguments.prompt, output, backend)
@@ -122,8 +118,6 @@ def run_extract(arguments: argparse.Namespace) -> int:
 
 def _row_schema(arguments: argparse.Namespace, row: dict[str, Any], cache: dict[str, Any]) -> Any:
     """The batch's schema, or (with ``--schema DIR``) the file the row's ``schema`` names."""
-    from formline.schema import schema_of
-
     path = Path(arguments.schema)
     if path.is_dir():
         path = path / str(row["schema"])
@@ -136,8 +130,6 @@ def _row_schema(arguments: argparse.Namespace, row: dict[str, Any], cache: dict[
 def _extract_row(
     arguments: argparse.Namespace, row: dict[str, Any], schema: Any, backend: Any
 ) -> dict[str, Any]:
-    from formline.pipeline.generate import InvalidOutput, TruncatedOutput
-
     if arguments.repair > 1:
         return _repair_row(arguments, row, schema, backend)
     prompt = f"{row['instruction']}\n\n{row['text']}" if row.get("instruction") else row["text"]
@@ -161,8 +153,6 @@ def _repair_row(
     arguments: argparse.Namespace, row: dict[str, Any], schema: Any, backend: Any
 ) -> dict[str, Any]:
     """One row through :func:`formline.extract` (the repair loop, ``--repair`` attempts)."""
-    from formline.pipeline.extract import Failed, extract
-
     outcome = extract(
         row["text"],
         schema,

@@ -16,7 +16,17 @@ from pathlib import Path
 from typing import Any
 
 from formline.evaluation.dataset import extraction_dev_tasks
-from formline.evaluation.variants import DEFAULT_VARIANTS, VARIANTS
+from formline.evaluation.plots import plot_all
+from formline.evaluation.report import load_results, write_all
+from formline.evaluation.runner import (
+    compile_times,
+    load_tasks,
+    prediction,
+    run_all,
+    summarize_variant,
+)
+from formline.evaluation.variants import DEFAULT_VARIANTS, VARIANTS, parse_variants
+from formline.pipeline.generate import backend_for
 
 DEFAULT_MAX_TOKENS = 200
 EMBEDDED_MODEL = "SmolLM2-135M-Instruct Q4_1 (embedded)"
@@ -61,9 +71,6 @@ def register(commands: Any) -> None:
 
 
 def run_eval(arguments: argparse.Namespace) -> int:
-    from formline.evaluation.plots import plot_all
-    from formline.evaluation.report import load_results
-
     out = Path(arguments.out)
     if arguments.plot:
         paths = plot_all(load_results(out), out)
@@ -79,23 +86,11 @@ def run_eval(arguments: argparse.Namespace) -> int:
 
 
 def _backend(arguments: argparse.Namespace) -> Any:
-    from formline.pipeline.generate import backend_for
-
     options = {"n_threads": arguments.threads} if arguments.backend == "llama_cpp" else {}
     return backend_for(arguments.model, arguments.backend, **options)
 
 
 def _run(arguments: argparse.Namespace, out: Path) -> dict[str, Any]:
-    from formline.evaluation.report import write_all
-    from formline.evaluation.runner import (
-        compile_times,
-        load_tasks,
-        prediction,
-        run_all,
-        summarize_variant,
-    )
-    from formline.evaluation.variants import parse_variants
-
     variants = parse_variants(arguments.variants)
     tasks_file = Path(arguments.tasks) if arguments.tasks else default_tasks()
     tasks = load_tasks(tasks_file, arguments.limit)

@@ -116,7 +116,7 @@ def markdown(results: dict[str, Any]) -> str:
     notes = (
         "\nFields correct: of the task set's scored field instances; all fields correct: "
         "tasks whose every scored field is right (scoring rules of the task set's README, "
-        "`formline.pipeline.scoring`). Latency per token (wall): task wall time over "
+        "`formline.evaluation.scoring`). Latency per token (wall): task wall time over "
         "completion tokens, prompt pass included; forward + mask: the decoding loop's own "
         "timings (ms). Repair: tokens and time summed over attempts; its loop does not report "
         "forward and mask times. Compile: mean per schema, cold with the caches off "

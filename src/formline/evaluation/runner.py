@@ -3,7 +3,7 @@
 Tasks follow the extraction-dev format (``id``, ``type``, ``schema``, ``instruction``,
 ``text``, ``gold``; schemas in ``schemas/`` next to the tasks file). Every task is decoded
 once per variant on the same backend; the output is parsed and scored with
-:mod:`formline.pipeline.scoring` (the task set's rules, implemented once), validated against
+:mod:`formline.evaluation.scoring` (the task set's rules, implemented once), validated against
 the task's original schema, and timed. :func:`summarize_variant` turns one variant's records
 into the rows of the results table.
 """
@@ -17,8 +17,12 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
+from formline.evaluation.scoring import parse_output, score_task, summarize
 from formline.evaluation.variants import Variant
-from formline.pipeline.scoring import parse_output, score_task, summarize
+from formline.mask.compiler import clear_memory_cache
+from formline.pipeline.extract import extract
+from formline.pipeline.generate import generate
+from formline.schema import compile_schema
 
 PREDICTION_KEYS = ("id", "variant", "output", "value", "finish_reason", "tokens", "seconds")
 
@@ -82,8 +86,6 @@ def run_task(
 def _run_generate(
     task: dict[str, Any], variant: Variant, schema: dict[str, Any], backend: Any, max_tokens: int
 ) -> dict[str, Any]:
-    from formline.pipeline.generate import generate
-
     result = generate(
         variant.prompt(task, schema),
         schema,
@@ -107,8 +109,6 @@ def _run_generate(
 def _run_repair(
     task: dict[str, Any], variant: Variant, schema: dict[str, Any], backend: Any, max_tokens: int
 ) -> dict[str, Any]:
-    from formline.pipeline.extract import extract
-
     outcome = extract(
         task["text"],
         schema,
@@ -130,9 +130,6 @@ def compile_times(variants: Iterable[Variant], tasks: list[dict[str, Any]], back
     """Per variant: mean cold compile seconds of its schemas (memory cache cleared, disk
     cache off; includes the vocabulary's token index) and mean cached compile seconds (a
     second compile: a memory-cache hit). Free variants compile too (the after-check)."""
-    from formline.mask.compiler import clear_memory_cache
-    from formline.schema import compile_schema
-
     schemas = {task["schema"]: task["schema_json"] for task in tasks}
     times: dict[str, dict[str, float]] = {}
     for variant in variants:
@@ -163,7 +160,7 @@ def _share(records: list[dict[str, Any]], key: str) -> float:
 
 def summarize_variant(tasks: list[dict[str, Any]], records: list[dict[str, Any]]) -> Any:
     """The table rows of one variant: parse and validity rates, the scoring summary
-    (:func:`formline.pipeline.scoring.summarize`), tokens, latency, mask share, passes saved.
+    (:func:`formline.evaluation.scoring.summarize`), tokens, latency, mask share, passes saved.
     Timing rows are ``None`` where the mode does not report them (repair)."""
     by_id = {task["id"]: task for task in tasks}
     summary: dict[str, Any] = summarize([(by_id[r["id"]], r["scores"]) for r in records])

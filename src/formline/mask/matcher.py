@@ -3,11 +3,20 @@
 A matcher is cheap (a reference to the compiled grammar and a history of configurations),
 so a server makes one per request. ``fill_next_token_bitmask`` writes the allowed tokens,
 ``accept_token`` advances (a refused token changes nothing), ``rollback`` undoes tokens.
+
+It also owns the decoding policies every loop needs, given the engine's ``tokenize``
+(bytes to token ids, no special tokens): :meth:`GrammarMatcher.jump_forward_tokens` (the
+forced text, tokenized canonically, its last tokens backed off where the model would merge
+them with what follows, as llguidance's fast-forward does), :meth:`GrammarMatcher.closing_tokens`
+(the shortest completion, when it only just fits the tokens left) and
+:meth:`GrammarMatcher.is_only_stop_allowed` (the grammar has ended). Each computes tokens
+from the current state without changing it; the caller accepts what it feeds.
 """
 
 from __future__ import annotations
 
 import sys
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
@@ -19,6 +28,10 @@ from formline.native import copy_mask
 from formline.parser.pushdown import Stack
 
 MAX_JUMP_FORWARD_BYTES = 4096
+MAX_BACK_OFF = 4  # trailing forced tokens re-checked for a merge across the end (llguidance: 4)
+CLOSING_MARGIN_TOKENS = 2  # one model token can lengthen the shortest completion: keep slack
+CLOSING_WINDOW_TOKENS = 96  # search for a completion only this close to the budget's end
+Tokenize = Callable[[bytes], Sequence[int]]
 
 
 class TokenError(FormlineError, ValueError):
@@ -102,6 +115,21 @@ class GrammarMatcher:
         self._push(result[0], result[1], False)
         return True
 
+    def accept_tokens(self, token_ids: Sequence[int]) -> bool:
+        """Accept every token of ``token_ids``, or none (``False``, state unchanged).
+
+        Raises:
+            TokenError: an id outside the vocabulary.
+        """
+        for token_id in token_ids:
+            if not 0 <= token_id < self._vocabulary_size:
+                self._check_id(token_id)
+        if self._terminated or self._walk(token_ids) is None:
+            return False  # checked first: a rollback limit must not stop the undo
+        for token_id in token_ids:
+            self.accept_token(token_id)
+        return True
+
     def accept_string(self, text: str | bytes) -> bool:
         """Advance by raw text (not tokens); ``False`` (state unchanged) if refused.
 
@@ -168,7 +196,7 @@ class GrammarMatcher:
                 or ``index`` is not one of its rows.
             TypeError: neither a numpy array nor a torch tensor.
         """
-        mask = self._mask if self._mask is not None else self.next_token_mask_words()
+        mask = self.next_token_mask_words()
         if isinstance(bitmask, np.ndarray):
             is_int32 = bitmask.dtype == np.int32
             check_bitmask(bitmask.shape, is_int32, bitmask.dtype, index, mask.shape[0])
@@ -250,6 +278,89 @@ class GrammarMatcher:
             stacks, can_end = result
             forced.append(byte)
         return _utf8_prefix(bytes(forced))
+
+    # ------------------------------------------------------------ decoding policies
+
+    def is_only_stop_allowed(self) -> bool:
+        """Whether the grammar has ended: only stop tokens are allowed next. Costs nothing
+        unless the text can end, then one comparison of ceil(V/32) words (1,536 for SmolLM2)."""
+        if not self.can_end():
+            return False
+        return bool(np.array_equal(self.next_token_mask_words(), self.compiled.eos_mask))
+
+    def jump_forward_tokens(
+        self, tokenize: Tokenize, room: int, back_off: int = MAX_BACK_OFF
+    ) -> list[int]:
+        """The tokens to feed for the text the grammar forces next; the state is unchanged.
+
+        The forced text (:meth:`find_jump_forward_string`) is tokenized on its own, so its
+        last tokens may split what the model would write as one token across the end:
+        forcing ``"The capital of "`` as ``[The, capital, of, " "]`` leaves a lone space
+        where SmolLM2 writes ``" France"``. As llguidance does, up to ``back_off`` trailing
+        tokens are dropped while a token the grammar allows at their start would extend
+        past them. ``[]`` when nothing is forced, there is no ``room``, or the tokens do not
+        spell the text (SentencePiece's leading space) or are refused.
+
+        Costs the forced text's walk, one ``tokenize`` call, one step per token and, for the
+        back-off, up to ``back_off`` mask lookups plus a scan of the tokens with that prefix.
+        """
+        if room <= 0 or self._terminated:
+            return []
+        forced = self.find_jump_forward_string().encode("utf-8")
+        if not forced:
+            return []
+        tokens = self._spelled(tokenize, forced)[:room]
+        states = self._walk(tokens)
+        if not tokens or states is None:
+            return []
+        index = self.compiled.vocabulary.prefix_index
+        pieces = self.compiled.vocabulary.token_bytes
+        keep, suffix = len(tokens), b""
+        for start in range(len(tokens) - 1, max(0, len(tokens) - back_off) - 1, -1):
+            suffix = pieces[tokens[start]] + suffix
+            stacks, can_end = states[start]
+            if index.extended_by_allowed(suffix, self.compiled.mask_words(stacks, can_end)):
+                keep = start
+        return tokens[:keep]
+
+    def closing_tokens(self, remaining: int, tokenize: Tokenize) -> list[int]:
+        """The tokens of the shortest completion when it must start now to fit in
+        ``remaining`` tokens (a small model looping on array items still ends with a
+        complete value); ``[]`` otherwise, when it no longer fits, or when its tokens do not
+        spell it. The state is unchanged. Costs one breadth-first search (about 1 ms for
+        the extraction-dev schemas) per step inside the last CLOSING_WINDOW_TOKENS."""
+        if remaining > CLOSING_WINDOW_TOKENS or self._terminated:
+            return []
+        completion = self.shortest_completion()
+        if not completion:
+            return []
+        tokens = self._spelled(tokenize, completion)
+        if not tokens or len(tokens) + CLOSING_MARGIN_TOKENS < remaining:
+            return []
+        if len(tokens) > remaining or self._walk(tokens) is None:
+            return []
+        return tokens
+
+    def _spelled(self, tokenize: Tokenize, data: bytes) -> list[int]:
+        """``tokenize(data)`` when those tokens spell exactly ``data``, else ``[]``."""
+        tokens = [int(token) for token in tokenize(data)]
+        pieces = self.compiled.vocabulary.token_bytes
+        if any(not 0 <= token < len(pieces) for token in tokens):
+            return []
+        return tokens if b"".join(pieces[token] for token in tokens) == data else []
+
+    def _walk(self, tokens: Sequence[int]) -> list[tuple[frozenset[Stack], bool]] | None:
+        """The configuration before each of ``tokens`` from here, or ``None`` if one is
+        refused. The matcher's state does not change."""
+        states = []
+        stacks, can_end = self._stacks, self._can_end
+        for token in tokens:
+            states.append((stacks, can_end))
+            step = self.compiled.advance(stacks, token)
+            if step is None:
+                return None
+            stacks, can_end = step
+        return states
 
 
 def _utf8_prefix(data: bytes) -> str:

@@ -148,8 +148,9 @@ class PushdownAutomaton:
         start = 0
         if len(stacks) == 1:
             # One stack whose tops stay plain (inside a string, a number, a key): one table
-            # lookup per byte and no closure; accept_token's p50 was 6.2 µs through step and
-            # closure per byte (bench/results/maskbench.md).
+            # lookup per byte and no closure. accept_string, jump-forward's byte walk and the
+            # shortest completion come here (tokens take the kernel's step): a step and a
+            # closure per byte made accept_token's p50 6.2 µs (bench/results/maskbench.md).
             (stack,) = stacks
             top = stack[-1]
             table, special = self.table, self.is_special

@@ -29,6 +29,7 @@ from formline.backends.base import Backend
 from formline.errors import FormlineError
 from formline.pipeline.escape_hatches import apply_escape_hatches, follow_reference
 from formline.pipeline.generate import backend_for, generate
+from formline.pipeline.grounding import ground
 from formline.pipeline.pressure import DEFAULT_THRESHOLD, FieldPressure
 from formline.schema.api import parse_output, schema_of
 
@@ -365,8 +366,6 @@ def _pydantic_message(detail: Any) -> str:
 
 
 def _grounding_errors(value: Any, source: str, fields: list[str] | None) -> list[str]:
-    from formline.pipeline.grounding import ground
-
     return [error.message for error in ground(value, source, fields)]
 
 

@@ -15,40 +15,23 @@ from __future__ import annotations
 import json
 import threading
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from formline.backends.base import Backend, Generation, Sampling, load_backend
+from formline.backends.base import Backend, load_backend
+from formline.constraint import Constraint, Plan
 from formline.errors import FormlineError
-from formline.grammar.ir import Grammar
-from formline.mask.compiler import compile_grammar
-from formline.mask.matcher import GrammarMatcher
+from formline.pipeline.decoding import Generation, Sampling, decode
+from formline.pipeline.listeners import StepListener
 from formline.pipeline.pressure import DEFAULT_THRESHOLD, FieldPressure, field_pressure
-from formline.schema import compile_schema, schema_of
 from formline.schema.api import parse_output
 
 CUT_OFF = ("length", "timeout", "cancelled")  # finish reasons of an output that did not end
 
 _backends: dict[tuple[str, str], Backend] = {}
 _backends_lock = threading.Lock()
-
-
-@dataclass(frozen=True)
-class Regex:
-    """Output that fully matches a regular expression (formline's regex subset)."""
-
-    pattern: str
-
-
-@dataclass(frozen=True)
-class Choice:
-    """Output that is exactly one of ``options``."""
-
-    options: tuple[str, ...]
-
-    def __init__(self, options: list[str] | tuple[str, ...]):
-        object.__setattr__(self, "options", tuple(options))
 
 
 class TruncatedOutput(FormlineError, ValueError):  # noqa: N818 (the name the API promises)
@@ -143,7 +126,8 @@ def generate(
 
     Args:
         output: a Pydantic model class, a JSON Schema dict, :class:`Regex`,
-            :class:`Choice`, a :class:`Grammar`, or ``None`` for free text.
+            :class:`Choice`, a :class:`Grammar`, a :class:`Constraint`, or ``None`` for
+            free text.
         model: a backend instance, a GGUF path / Hugging Face directory, or ``None``.
         free: decode without the mask (for comparison); the value is still parsed and
             checked, so a broken free output raises on ``.value``.
@@ -153,56 +137,73 @@ def generate(
         BackendError: the model cannot be loaded.
     Costs one compile (cached) plus one decoding loop.
     """
-    engine = backend_for(model, backend)
-    started = time.perf_counter()
-    plan = _plan(output, engine)
-    compile_seconds = time.perf_counter() - started
-    messages = _messages(prompt, plan.description if describe_schema else "", system)
-    matcher = None if free or plan.compiled is None else GrammarMatcher(plan.compiled)
-    sampling = Sampling(temperature, top_p, seed, max_tokens, jump_forward)
-    generation = engine.generate(engine.render_chat(messages), matcher, sampling)
-    return _result(generation, plan, compile_seconds, engine.vocabulary.token_bytes)
+    request = GenerationRequest.prepare(
+        prompt,
+        output,
+        backend_for(model, backend),
+        Sampling(temperature, top_p, seed, max_tokens, jump_forward),
+        describe_schema=describe_schema,
+        free=free,
+        system=system,
+    )
+    return request.run()
 
 
 @dataclass
-class _Plan:
-    compiled: Any
-    kind: str
-    description: str
-    checker: Any = None  # a CompiledSchema (after-check) or None
-    output_model: Any = None
+class GenerationRequest:
+    """One prompt under one constraint on one engine, compiled and rendered, ready to
+    decode (:meth:`run`); what :func:`generate` and :func:`formline.stream` share."""
+
+    engine: Backend
+    plan: Plan
+    prompt: str  # rendered by the engine's chat template
+    matcher: Any  # a GrammarMatcher, or None (free text, or free=True)
+    sampling: Sampling
+    compile_seconds: float
+
+    @classmethod
+    def prepare(
+        cls,
+        prompt: str | list[dict[str, str]],
+        output: Any,
+        engine: Backend,
+        sampling: Sampling,
+        *,
+        describe_schema: bool = True,
+        free: bool = False,
+        system: str | None = None,
+    ) -> GenerationRequest:
+        """Compile ``output`` for the engine (cached) and render the prompt.
+
+        Raises:
+            formline.schema.SchemaError / GrammarError: ``output`` does not compile.
+        """
+        started = time.perf_counter()
+        plan = Constraint.of(output).compile(engine.vocabulary)
+        compile_seconds = time.perf_counter() - started
+        messages = prompt_messages(prompt, plan.description if describe_schema else "", system)
+        matcher = None if free else plan.matcher()
+        rendered = engine.render_chat(messages)
+        return cls(engine, plan, rendered, matcher, sampling, compile_seconds)
+
+    def run(self, listeners: Sequence[StepListener] = ()) -> Result:
+        """Decode (one loop, ``listeners`` watching) and read the result back."""
+        generation = decode(self.engine, self.prompt, self.matcher, self.sampling, listeners)
+        return self.result(generation)
+
+    def result(self, generation: Generation) -> Result:
+        """The :class:`Result` of ``generation``: parsed and after-checked when JSON."""
+        return _result(
+            generation, self.plan, self.compile_seconds, self.engine.vocabulary.token_bytes
+        )
 
 
-def _plan(output: Any, engine: Backend) -> _Plan:
-
-    vocabulary = engine.vocabulary
-    if output is None:
-        return _Plan(None, "text", "")
-    if isinstance(output, Regex):
-        compiled = compile_grammar(Grammar.from_regex(output.pattern), vocabulary)
-        return _Plan(compiled, "text", f"Answer with text matching the regex {output.pattern}")
-    if isinstance(output, Choice):
-        compiled = compile_grammar(Grammar.from_choices(list(output.options)), vocabulary)
-        listed = ", ".join(output.options)
-        return _Plan(compiled, "text", f"Answer with exactly one of: {listed}")
-    if isinstance(output, Grammar):
-        return _Plan(compile_grammar(output, vocabulary), "text", "")
-    schema = schema_of(output)
-    compiled_schema = compile_schema(schema, vocabulary)
-    kind = "model" if hasattr(output, "model_validate_json") else "json"
-    description = schema_description(schema)
-    return _Plan(compiled_schema.compiled_grammar, kind, description, compiled_schema, output)
-
-
-def schema_description(schema: Any) -> str:
-    """The text :func:`generate` appends to the prompt for a JSON Schema (its compact JSON)."""
-    compact = json.dumps(schema, separators=(",", ":"), ensure_ascii=False)
-    return f"Answer with a JSON value matching this JSON Schema:\n{compact}"
-
-
-def _messages(
-    prompt: str | list[dict[str, str]], description: str, system: str | None
+def prompt_messages(
+    prompt: str | list[dict[str, str]], description: str, system: str | None = None
 ) -> list[dict[str, str]]:
+    """The chat messages of ``prompt`` (text or messages): ``system`` first when given,
+    ``description`` (the constraint's, see :meth:`Constraint.describe`) appended to the
+    last message."""
     messages = [{"role": "user", "content": prompt}] if isinstance(prompt, str) else list(prompt)
     if system:
         messages.insert(0, {"role": "system", "content": system})
@@ -213,14 +214,12 @@ def _messages(
     return messages
 
 
-def _result(
-    generation: Generation, plan: _Plan, compile_seconds: float, token_bytes: Any
-) -> Result:
+def _result(generation: Generation, plan: Plan, compile_seconds: float, token_bytes: Any) -> Result:
     errors: list[str] = []
-    if generation.finish_reason not in CUT_OFF and plan.kind in ("json", "model"):
+    if generation.finish_reason not in CUT_OFF and plan.is_json:
         instance, errors = parse_output(generation.text)
-        if not errors and plan.checker:
-            errors = plan.checker.check(instance)
+        if not errors:
+            errors = plan.check(instance)
     return Result(
         text=generation.text,
         finish_reason=generation.finish_reason,
@@ -239,6 +238,6 @@ def _result(
         kind=plan.kind,
         errors=errors,
         report=plan.checker.report if plan.checker else None,
-        output_model=plan.output_model,
+        output_model=plan.constraint.output_model,
         pressure=field_pressure(generation.token_ids, token_bytes, generation.step_pressure),
     )

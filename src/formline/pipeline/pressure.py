@@ -1,7 +1,7 @@
 """Constraint pressure per field: where the mask overrode what the model wanted to write.
 
 While decoding, each sampled step records the probability mass the mask removed and whether
-the model's preferred token was refused (:func:`formline.backends.base.apply_mask_measuring`).
+the model's preferred token was refused (:class:`PressureListener`, a listener on the loop).
 Here those steps are attributed to JSON paths (``age``, ``items[2].unit_price``) by
 scanning the output text, and aggregated per path. A field written under heavy pressure is
 one the model wanted to write differently (seed 000: the model wanted ``"age": "21"`` and
@@ -11,9 +11,50 @@ was forced onto a digit): a reason to doubt its content, not its form.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from formline.pipeline.listeners import StepListener
 
 DEFAULT_THRESHOLD = 0.5  # flag a field when the mask removed over half the model's mass
+
+
+@dataclass
+class PressureListener(StepListener):
+    """Measures each constrained step: the probability mass (softmax of the raw logits) on
+    tokens the mask removed, whether the model's own top token was one of them, and that
+    token; ``steps`` maps output positions to ``(removed, refused, preferred)``. Forced and
+    closing tokens have no entry. Costs two exponentials over the vocabulary per step (about
+    0.1 ms for 49,152 logits) in one scratch buffer."""
+
+    steps: dict[int, tuple[float, bool, int]] = field(default_factory=dict)
+    _scratch: np.ndarray | None = None
+    _before: tuple[int, Any, float] = (0, 0.0, 1.0)
+
+    def on_logits(
+        self, position: int, logits: np.ndarray, matcher: Any, forward_seconds: float
+    ) -> None:
+        if matcher is None:
+            return
+        preferred = int(np.argmax(logits))
+        peak = logits[preferred]
+        self._before = (preferred, peak, self._exp_sum(logits, peak))
+
+    def on_masked(self, position: int, logits: np.ndarray, bitmask_row: np.ndarray) -> None:
+        preferred, peak, total = self._before
+        kept = self._exp_sum(logits, peak)  # exp(-inf) is 0: removed tokens drop out
+        refused = not bool(np.isfinite(logits[preferred]))
+        self.steps[position] = (max(0.0, 1.0 - kept / total), refused, preferred)
+
+    def _exp_sum(self, logits: np.ndarray, peak: Any) -> float:
+        scratch = self._scratch
+        if scratch is None or scratch.shape != logits.shape or scratch.dtype != logits.dtype:
+            scratch = self._scratch = np.empty_like(logits)
+        np.subtract(logits, peak, out=scratch)
+        np.exp(scratch, out=scratch)
+        return float(scratch.sum())
 
 
 @dataclass

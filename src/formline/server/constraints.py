@@ -1,8 +1,9 @@
 """From a :class:`ChatRequest`'s constraint or tools to a compiled grammar and an after-check.
 
-Compiled grammars are shared across requests through the thread-safe default
-:class:`~formline.mask.compiler.CompileCache` (no global lock: two schemas compile side by
-side, a text-only request waits for none); each request gets its
+Each request's constraint (or its tools, mapped onto one) compiles into a core
+:class:`~formline.constraint.Plan`. Compiled grammars are shared across requests through
+the thread-safe default :class:`~formline.mask.compiler.CompileCache` (no global lock: two
+schemas compile side by side, a text-only request waits for none); each request gets its
 own :class:`~formline.mask.GrammarMatcher` (see :mod:`.engine`).
 
 Tools: ``tool_choice`` named → the output is that function's arguments (its parameters
@@ -16,23 +17,17 @@ that begins with ``{`` or ``[`` is always a tool call.
 
 from __future__ import annotations
 
-import json
 import time
-from dataclasses import dataclass
 from typing import Any
 
-from formline.grammar.budget import DEFAULT_COMPILE_SECONDS, CompileBudget, CompileLimitError
+from formline.constraint import Constraint, Plan, compact_json, compile_error_message
+from formline.grammar.budget import DEFAULT_COMPILE_SECONDS, CompileBudget
 from formline.grammar.ir import Choice as ChoiceNode
 from formline.grammar.ir import Grammar, GrammarError, RuleReference
 from formline.grammar.regex import parse_regex
-from formline.mask.compiled import CompiledGrammar
-from formline.mask.compiler import compile_grammar
-from formline.schema import CompiledSchema, SchemaError, compile_schema, schema_to_grammar
-from formline.schema.api import SchemaCheck
-from formline.schema.compiler import SchemaOptions, check_nesting
-from formline.server.closing import close_objects
+from formline.schema import SchemaError
 from formline.server.errors import ApiError
-from formline.server.requests import ChatRequest, Constraint, Tool
+from formline.server.requests import ChatRequest, Tool
 from formline.vocab import Vocabulary
 
 # A request whose deadline is (nearly) spent still gets this much: its compile then fails
@@ -42,31 +37,12 @@ AUTO_START = "formline_tool_or_text"
 FREE_TEXT_NOT_JSON = r"[^{\[][\s\S]*"
 
 
-@dataclass
-class OutputPlan:
-    """How to constrain one request's output and how to read it back.
-
-    ``mode``: ``content`` (text or JSON in ``message.content``), ``tool_named`` (the output
-    is the named tool's arguments), ``tool_wrapped`` (a name/arguments object) or
-    ``tool_auto`` (a name/arguments object when it starts with ``{``, else text).
-    ``checker`` is the after-check of the schema the grammar was compiled from (objects
-    closed, see :mod:`.closing`); ``client_check`` that of the client's own schema."""
-
-    compiled: CompiledGrammar | None
-    checker: CompiledSchema | None
-    description: str
-    mode: str = "content"
-    is_json: bool = False
-    tool_name: str | None = None
-    client_check: SchemaCheck | None = None
-
-
 def plan_output(
     request: ChatRequest,
     vocabulary: Vocabulary,
     deadline: float | None = None,
     compile_seconds: float = DEFAULT_COMPILE_SECONDS,
-) -> OutputPlan:
+) -> Plan:
     """The compiled constraint of ``request`` for ``vocabulary``.
 
     ``deadline`` (a ``time.monotonic()`` value): the request's. The compile's budget is
@@ -95,78 +71,19 @@ def plan_output(
     return plan
 
 
-def _plan(request: ChatRequest, vocabulary: Vocabulary, budget: CompileBudget) -> OutputPlan:
+def _plan(request: ChatRequest, vocabulary: Vocabulary, budget: CompileBudget) -> Plan:
     if request.tool_choice != "none":
         return _tool_plan(request, vocabulary, budget)
     constraint = request.constraint
     try:
-        return _constraint_plan(constraint, vocabulary, budget)
-    except SchemaError as error:
-        raise _schema_error(error, constraint.param) from error
-    except GrammarError as error:
-        raise ApiError(
-            f"{constraint.param} does not compile: {error}",
-            param=constraint.param,
-            code=_grammar_code(error),
-        ) from error
+        return constraint.compile(vocabulary, budget)
+    except (SchemaError, GrammarError) as error:
+        raise _compile_error(error, constraint.source) from error
 
 
-def _constraint_plan(
-    constraint: Constraint, vocabulary: Vocabulary, budget: CompileBudget
-) -> OutputPlan:
-    kind, value = constraint.kind, constraint.value
-    if kind == "text":
-        return OutputPlan(None, None, "")
-    if kind == "regex":
-        compiled = compile_grammar(Grammar.from_regex(value), vocabulary, budget=budget)
-        return OutputPlan(compiled, None, f"Answer with text matching the regex {value}")
-    if kind == "choice":
-        compiled = compile_grammar(Grammar.from_choices(value), vocabulary, budget=budget)
-        return OutputPlan(compiled, None, "Answer with exactly one of: " + ", ".join(value))
-    if kind == "grammar":
-        return OutputPlan(
-            compile_grammar(Grammar.from_ebnf(value), vocabulary, budget=budget), None, ""
-        )
-    checker = _compile(value, vocabulary, constraint.strict, budget)
-    original = SchemaCheck(value)
-    if kind == "json_object":
-        return OutputPlan(
-            checker.compiled_grammar, checker, "Answer with a JSON object.", "content", True,
-            client_check=original,
-        )  # fmt: skip
-    description = "Answer with a JSON value matching this JSON Schema:\n" + _compact(value)
-    return OutputPlan(
-        checker.compiled_grammar, checker, description, "content", True, client_check=original
-    )
-
-
-def _compile(
-    schema: Any, vocabulary: Vocabulary, strict: bool, budget: CompileBudget
-) -> CompiledSchema:
-    """``strict``: an unsupported keyword is an error; otherwise it is checked after. Open
-    objects are closed first, as vLLM's xgrammar does (see :mod:`.closing`); the nesting is
-    checked before, as closing recurses per level."""
-    on_unsupported = "error" if strict else "check_after"
-    check_nesting(schema, 2 * SchemaOptions().max_depth)
-    return compile_schema(
-        close_objects(schema), vocabulary, on_unsupported=on_unsupported, budget=budget
-    )
-
-
-def _grammar_code(error: GrammarError) -> str:
-    return "compile_limit_exceeded" if isinstance(error, CompileLimitError) else "invalid_grammar"
-
-
-def _schema_error(error: SchemaError, param: str) -> ApiError:
-    pointer = error.pointer or "/"
-    keyword = f" (keyword '{error.keyword}')" if error.keyword else ""
-    limit = f" (compile limit '{error.limit}')" if error.limit else ""
-    return ApiError(
-        f"{param}: the schema cannot be compiled: {error.message}{keyword}{limit} at JSON "
-        f"pointer {pointer}",
-        param=param,
-        code="compile_limit_exceeded" if error.limit else "invalid_schema",
-    )
+def _compile_error(error: SchemaError | GrammarError, param: str) -> ApiError:
+    message, code = compile_error_message(error, param)
+    return ApiError(message, param=param, code=code)
 
 
 def tool_call_schema(tools: list[Tool], max_calls: int = 1) -> dict[str, Any]:
@@ -190,7 +107,8 @@ def tool_call_schema(tools: list[Tool], max_calls: int = 1) -> dict[str, Any]:
 def _tools_description(tools: list[Tool], parallel: bool) -> str:
     lines = ["You can call these functions:"]
     for tool in tools:
-        lines.append(f"- {tool.name}: {tool.description} Parameters: {_compact(tool.parameters)}")
+        parameters = compact_json(tool.parameters)
+        lines.append(f"- {tool.name}: {tool.description} Parameters: {parameters}")
     call = '{"name": <function>, "arguments": {...}}'
     if parallel:
         lines.append(f"To call them, answer with a JSON array of one or more calls: [{call}, ...].")
@@ -199,39 +117,41 @@ def _tools_description(tools: list[Tool], parallel: bool) -> str:
     return "\n".join(lines)
 
 
-def _tool_plan(request: ChatRequest, vocabulary: Vocabulary, budget: CompileBudget) -> OutputPlan:
+def _tool_plan(request: ChatRequest, vocabulary: Vocabulary, budget: CompileBudget) -> Plan:
     tools, strict = request.tools, all(tool.strict for tool in request.tools)
     if request.tool_choice == "named":
         index, tool = next((i, t) for i, t in enumerate(tools) if t.name == request.named_tool)
         param = f"tools[{index}].function.parameters"
+        constraint = _tool_constraint(tool.parameters, tool.strict, param)
         try:
-            checker = _compile(tool.parameters, vocabulary, tool.strict, budget)
+            plan = constraint.compile(vocabulary, budget)
         except SchemaError as error:
-            raise _schema_error(error, param) from error
-        description = (
+            raise _compile_error(error, param) from error
+        plan.description = (
             f"Call the function {tool.name} ({tool.description}). Answer with its arguments "
-            f"as JSON matching: {_compact(tool.parameters)}"
+            f"as JSON matching: {compact_json(tool.parameters)}"
         )
-        return OutputPlan(
-            checker.compiled_grammar, checker, description, "tool_named", True, tool.name,
-            SchemaCheck(tool.parameters),
-        )  # fmt: skip
+        plan.mode, plan.tool_name = "tool_named", tool.name
+        return plan
     max_calls = request.max_tool_calls if request.parallel_tool_calls else 1
-    schema = tool_call_schema(tools, max_calls)
+    constraint = _tool_constraint(tool_call_schema(tools, max_calls), strict, "tools")
     try:
-        checker = _compile(schema, vocabulary, strict, budget)
-        compiled = checker.compiled_grammar
+        plan = constraint.compile(vocabulary, budget)
         if request.tool_choice == "auto":
-            compiled = compile_grammar(_tool_or_text(schema, strict), vocabulary, budget=budget)
+            either = Constraint("grammar", _tool_or_text(constraint), source="tools")
+            plan.compiled = either.compile(vocabulary, budget).compiled
     except SchemaError as error:
-        raise _schema_error(error, _tool_at(error.pointer, len(tools) > 1)) from error
+        param = _tool_at(error.pointer, len(tools) > 1)
+        raise _compile_error(error, param) from error
     except GrammarError as error:
-        raise ApiError(
-            f"tools do not compile: {error}", param="tools", code=_grammar_code(error)
-        ) from error
-    mode = "tool_auto" if request.tool_choice == "auto" else "tool_wrapped"
-    description = _tools_description(tools, max_calls > 1)
-    return OutputPlan(compiled, checker, description, mode, True, client_check=SchemaCheck(schema))
+        raise _compile_error(error, "tools") from error
+    plan.mode = "tool_auto" if request.tool_choice == "auto" else "tool_wrapped"
+    plan.description = _tools_description(tools, max_calls > 1)
+    return plan
+
+
+def _tool_constraint(schema: dict[str, Any], strict: bool, param: str) -> Constraint:
+    return Constraint("json_schema", schema, strict, close_objects=True, source=param)
 
 
 def _tool_at(pointer: str | None, several: bool) -> str:
@@ -251,15 +171,11 @@ def _tool_at(pointer: str | None, several: bool) -> str:
     )
 
 
-def _tool_or_text(schema: dict[str, Any], strict: bool) -> Grammar:
+def _tool_or_text(tools: Constraint) -> Grammar:
     """Tool call(s) (start with ``{`` or ``[``) or free text (starts with anything else)."""
-    on_unsupported = "error" if strict else "check_after"
-    grammar, _ = schema_to_grammar(close_objects(schema), on_unsupported=on_unsupported)
+    grammar = tools.grammar()
+    assert grammar is not None
     text = parse_regex(FREE_TEXT_NOT_JSON)
     rules = dict(grammar.rules)
     rules[AUTO_START] = ChoiceNode((RuleReference(grammar.start), text))
     return Grammar(rules, AUTO_START, called_rules=grammar.called_rules)
-
-
-def _compact(value: Any) -> str:
-    return json.dumps(value, separators=(",", ":"), ensure_ascii=False)

@@ -31,9 +31,12 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 from typing import Any, Protocol
 
-from formline.backends.base import Backend, BackendError, Generation, Sampling
-from formline.mask.matcher import GrammarMatcher
-from formline.server.constraints import OutputPlan, plan_output
+from formline.backends.base import Backend, BackendError
+from formline.constraint import Plan
+from formline.pipeline.decoding import Generation, Sampling, decode
+from formline.pipeline.generate import prompt_messages
+from formline.pipeline.listeners import StepListener
+from formline.server.constraints import plan_output
 from formline.server.errors import ApiError
 from formline.server.requests import ChatRequest, Limits
 
@@ -63,12 +66,13 @@ class Completion:
 
 class ChoiceListener(Protocol):
     """Sees one choice being decoded (streaming): :meth:`start` once the model is held,
-    :meth:`feed` with each step's new tokens (``False`` stops the loop), :meth:`finish`
-    with the choice as read back."""
+    :attr:`listener` on the decoding loop (it may stop it), :meth:`finish` with the choice
+    as read back."""
 
     def start(self) -> None: ...
 
-    def feed(self, token_ids: list[int]) -> bool: ...
+    @property
+    def listener(self) -> StepListener: ...
 
     def finish(self, choice: ChoiceOutput) -> None: ...
 
@@ -90,7 +94,7 @@ class Engine:
         """The ``time.monotonic()`` by which a request starting now must be answered."""
         return time.monotonic() + self.limits.request_seconds
 
-    def plan(self, request: ChatRequest, deadline: float | None = None) -> OutputPlan:
+    def plan(self, request: ChatRequest, deadline: float | None = None) -> Plan:
         """The compiled constraint of ``request`` (see :func:`plan_output`; raises its
         400s, and its 504 past ``deadline``), counted in :attr:`compiling` while it runs.
         Costs one compile the first time a constraint is seen."""
@@ -128,8 +132,8 @@ class Engine:
     def complete(
         self,
         request: ChatRequest,
-        plan: OutputPlan | None = None,
-        listener_for: Callable[[int, OutputPlan], ChoiceListener] | None = None,
+        plan: Plan | None = None,
+        listener_for: Callable[[int, Plan], ChoiceListener] | None = None,
         deadline: float | None = None,
     ) -> Completion:
         """Run ``request``: ``n`` sequential generations under its constraint, all by
@@ -147,7 +151,7 @@ class Engine:
         """
         deadline = deadline if deadline is not None else self.deadline()
         plan = plan if plan is not None else self.plan(request, deadline)
-        messages = _with_description(request.messages, plan.description)
+        messages = prompt_messages(request.messages, plan.description)
         choices, prompt_tokens, completion_tokens = [], 0, 0
         for index in range(request.n):
             seed = None if request.seed is None else request.seed + index
@@ -188,18 +192,19 @@ class Engine:
     def _generate(
         self,
         messages: list[dict[str, str]],
-        plan: OutputPlan,
+        plan: Plan,
         sampling: Sampling,
         listener: ChoiceListener | None,
     ) -> Generation:
-        matcher = GrammarMatcher(plan.compiled) if plan.compiled is not None else None
+        matcher = plan.matcher()
         self.hold_model(sampling.deadline if sampling.deadline is not None else time.monotonic())
         try:
             prompt = self.backend.render_chat(messages)
+            watchers = []
             if listener is not None:
                 listener.start()
-                sampling = replace(sampling, on_tokens=listener.feed)
-            return self.backend.generate(prompt, matcher, sampling)
+                watchers.append(listener.listener)
+            return decode(self.backend, prompt, matcher, sampling, watchers)
         except BackendError as error:
             if "n_ctx" in str(error):
                 raise ApiError(
@@ -210,17 +215,7 @@ class Engine:
             self.lock.release()
 
 
-def _with_description(messages: list[dict[str, str]], description: str) -> list[dict[str, str]]:
-    """The messages with the constraint described at the end of the last one (seed 002:
-    a constraint hurts most where the prompt and the schema disagree)."""
-    if not description:
-        return messages
-    last = dict(messages[-1])
-    last["content"] = f"{last['content']}\n\n{description}"
-    return [*messages[:-1], last]
-
-
-def read_choice(generation: Generation, plan: OutputPlan) -> ChoiceOutput:
+def read_choice(generation: Generation, plan: Plan) -> ChoiceOutput:
     """The choice a generation makes under ``plan``: its content or tool call, the after-check.
 
     A cut-off output (``length``, or ``cancelled`` reported as ``length``) is returned as
@@ -239,7 +234,7 @@ def read_choice(generation: Generation, plan: OutputPlan) -> ChoiceOutput:
         value = json.loads(text)
     except json.JSONDecodeError as error:
         return ChoiceOutput(text, INVALID_FINISH, errors=[f"not JSON: {error}"])
-    errors = after_check(value, plan)
+    errors = plan.check(value)
     if errors:
         log.warning("an output failed the after-check: %s", "; ".join(errors)[:300])
     if plan.mode == "content":
@@ -257,14 +252,6 @@ def read_choice(generation: Generation, plan: OutputPlan) -> ChoiceOutput:
         if isinstance(call, dict)
     ]
     return ChoiceOutput("", finish, entries, errors)
-
-
-def after_check(value: Any, plan: OutputPlan) -> list[str]:
-    """Every way ``value`` breaks the client's schema, then those only the compiled (closed)
-    schema finds (``[]``: valid for both). Costs one or two ``jsonschema`` validations."""
-    found = plan.client_check.check(value) if plan.client_check is not None else []
-    closed = plan.checker.check(value) if plan.checker is not None else []
-    return found + [f"{error} (the schema as compiled)" for error in closed if error not in found]
 
 
 def tool_call(name: str | None, arguments: str) -> dict[str, Any]:

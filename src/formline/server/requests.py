@@ -14,6 +14,7 @@ import json
 from dataclasses import dataclass, field
 from typing import Any
 
+from formline.constraint import Constraint
 from formline.server.errors import ApiError, unsupported
 from formline.server.messages import load_json, parse_messages
 
@@ -60,18 +61,6 @@ class Limits:
     request_seconds: float = 300.0  # waiting for the model plus decoding, per request
     compile_seconds: float = 10.0  # one constraint's compile (a 400 past it)
     max_tool_calls: int = 8  # tool calls in one answer (parallel_tool_calls)
-
-
-@dataclass(frozen=True)
-class Constraint:
-    """The output constraint: ``kind`` is text, json_schema, json_object, regex, choice or
-    grammar; ``value`` the schema / pattern / options / grammar text; ``param`` where it
-    came from (for error messages)."""
-
-    kind: str = "text"
-    value: Any = None
-    strict: bool = True
-    param: str = ""
 
 
 @dataclass(frozen=True)
@@ -144,7 +133,7 @@ def parse_chat_request(body: dict[str, Any], limits: Limits) -> ChatRequest:
     constraint = _constraint(body, limits)
     if tool_choice != "none" and constraint.kind != "text":
         raise ApiError(
-            f"tools with tool_choice {tool_choice!r} and {constraint.param} both constrain "
+            f"tools with tool_choice {tool_choice!r} and {constraint.source} both constrain "
             "the output: use one (or tool_choice 'none')",
             param="tool_choice",
             code="conflicting_constraints",
@@ -300,9 +289,9 @@ def _constraint(body: dict[str, Any], limits: Limits) -> Constraint:
             found.append(_guided(key, body[f"guided_{key}"], f"guided_{key}", limits))
     found = [constraint for constraint in found if constraint.kind != "text"]
     if len(found) > 1:
-        names = ", ".join(constraint.param for constraint in found)
+        names = ", ".join(constraint.source for constraint in found)
         raise ApiError(
-            f"more than one output constraint: {names}", param=found[1].param,
+            f"more than one output constraint: {names}", param=found[1].source,
             code="conflicting_constraints",
         )  # fmt: skip
     return found[0] if found else Constraint()
@@ -319,9 +308,9 @@ def _response_format(value: Any, limits: Limits) -> Constraint:
     if extra:
         raise unsupported(f"{param}.{sorted(extra)[0]}", f"not a field of type {kind!r}")
     if kind == "text":
-        return Constraint(param=param)
+        return Constraint(source=param)
     if kind == "json_object":
-        return Constraint("json_object", {"type": "object"}, True, param)
+        return _json("json_object", None, True, param)
     spec = value.get("json_schema")
     if not isinstance(spec, dict) or "schema" not in spec:
         raise ApiError(
@@ -337,16 +326,23 @@ def _response_format(value: Any, limits: Limits) -> Constraint:
             _string(spec[key], f"{param}.json_schema.{key}")
     strict = _optional_boolean(spec.get("strict"), f"{param}.json_schema.strict")
     param = f"{param}.json_schema.schema"
-    return Constraint("json_schema", _schema(spec["schema"], param, limits), bool(strict), param)
+    return _json("json_schema", _schema(spec["schema"], param, limits), bool(strict), param)
+
+
+def _json(kind: str, schema: Any, strict: bool, param: str) -> Constraint:
+    """A JSON constraint as the server compiles it: open objects closed where that narrows
+    (vLLM's xgrammar default, :mod:`formline.schema.closing`); ``strict`` false checks an
+    unsupported keyword after decoding."""
+    return Constraint(kind, schema, strict, close_objects=True, source=param)
 
 
 def _guided(key: str, value: Any, param: str, limits: Limits) -> Constraint:
     if key == "json":
-        return Constraint("json_schema", _schema(value, param, limits), True, param)
+        return _json("json_schema", _schema(value, param, limits), True, param)
     if key == "json_object":
         if value is not True:
             raise ApiError(f"{param} must be true", param=param, code="invalid_type")
-        return Constraint("json_object", {"type": "object"}, True, param)
+        return _json("json_object", None, True, param)
     if key == "choice":
         if not isinstance(value, list) or not value or not all(isinstance(v, str) for v in value):
             raise ApiError(
@@ -360,7 +356,7 @@ def _guided(key: str, value: Any, param: str, limits: Limits) -> Constraint:
             f"{param} has {size} bytes; the limit is {limits.max_schema_bytes}",
             param=param, code="schema_too_large",
         )  # fmt: skip
-    return Constraint(key, value, True, param)
+    return Constraint(key, value, source=param)
 
 
 def _tools(body: dict[str, Any], limits: Limits) -> tuple[list[Tool], str, str | None]:

@@ -22,7 +22,6 @@ step, which frees the model for the next request.
 from __future__ import annotations
 
 import asyncio
-import codecs
 import json
 import logging
 import threading
@@ -33,7 +32,8 @@ from typing import Any
 
 from fastapi.concurrency import run_in_threadpool
 
-from formline.server.constraints import OutputPlan
+from formline.constraint import Plan
+from formline.pipeline.stream import TextDeltas
 from formline.server.engine import ChoiceOutput, Completion, Engine
 from formline.server.errors import ApiError, error_body
 from formline.server.requests import ChatRequest
@@ -89,14 +89,14 @@ class ChoiceStream:
     def __init__(
         self,
         index: int,
-        plan: OutputPlan,
+        plan: Plan,
         vocabulary: Vocabulary,
         writer: ChunkWriter,
         emit: Callable[[str], bool],
     ):
         self.index, self.plan, self.writer, self.emit = index, plan, writer, emit
-        self.token_bytes, self.special = vocabulary.token_bytes, vocabulary.special_ids
-        self.decoder = codecs.getincrementaldecoder("utf-8")("replace")
+        # The library's stream listener: text deltas of whole UTF-8 characters.
+        self.deltas = TextDeltas(vocabulary, self._text)
         self.route = _route(plan)  # content, arguments, hold, or None (decided by byte 1)
         self.sent = ""  # text sent as content or arguments
         self.held = ""  # text of calls sent whole at the end
@@ -105,9 +105,10 @@ class ChoiceStream:
     def start(self) -> None:
         self.emit(self.writer.chunk(self.index, {"role": "assistant", "content": ""}))
 
-    def feed(self, token_ids: list[int]) -> bool:
-        data = b"".join(self.token_bytes[t] for t in token_ids if t not in self.special)
-        return self._text(self.decoder.decode(data))
+    @property
+    def listener(self) -> TextDeltas:
+        """What watches the decoding loop for this choice."""
+        return self.deltas
 
     def _text(self, text: str) -> bool:
         if not text:
@@ -131,7 +132,7 @@ class ChoiceStream:
         return self.writer.chunk(self.index, {"tool_calls": [call]})
 
     def finish(self, choice: ChoiceOutput) -> None:
-        self._text(self.decoder.decode(b"", final=True))
+        self.deltas.flush()
         if self.route in ("content", "arguments") and choice.text.startswith(self.sent):
             self._text(choice.text[len(self.sent) :])  # a backend's own decoding, if longer
         if choice.tool_calls is not None and self.route != "arguments":
@@ -144,7 +145,7 @@ class ChoiceStream:
         self.emit(self.writer.chunk(self.index, {}, choice.finish_reason, extra))
 
 
-def _route(plan: OutputPlan) -> str | None:
+def _route(plan: Plan) -> str | None:
     if not plan.is_json or plan.mode == "content":
         return "content"
     if plan.mode == "tool_named":
@@ -172,7 +173,7 @@ async def stream_request(engine: Engine, chat: ChatRequest) -> AsyncIterator[str
         loop.call_soon_threadsafe(queue.put_nowait, (kind, payload))
         return True
 
-    def listener_for(index: int, choice_plan: OutputPlan) -> ChoiceStream:
+    def listener_for(index: int, choice_plan: Plan) -> ChoiceStream:
         emit: Callable[[str], bool] = lambda event: put("event", event)  # noqa: E731
         return ChoiceStream(index, choice_plan, engine.backend.vocabulary, writer, emit)
 

@@ -13,11 +13,10 @@ from __future__ import annotations
 
 import json
 import time
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Any
 
-from formline.backends.base import Backend, BackendError, Generation, Sampling
-from formline.mask.matcher import GrammarMatcher
+from formline.backends.base import Backend, BackendError
 from formline.schema import SchemaError, compile_schema
 from formline.server.engine import Engine
 from formline.server.errors import ApiError, unsupported
@@ -131,9 +130,9 @@ def _past_deadline(engine: Engine, what: str) -> ApiError:
 
 
 class DeadlineBackend:
-    """``backend`` as the recorder sees it, stopping at ``deadline``: its decoding loops
-    stop at their first step past it, and so does the recorder's own step loop (each
-    ``llm.eval``), both by raising :class:`PastDeadlineError`. Everything else is ``backend``'s."""
+    """``backend`` as the recorder sees it, stopping at ``deadline``: every forward pass
+    past it raises :class:`PastDeadlineError`, so each of the recorder's decoding loops
+    stops at its first step past the deadline. Everything else is ``backend``'s."""
 
     def __init__(self, backend: Backend, deadline: float):
         self.backend = backend
@@ -142,33 +141,8 @@ class DeadlineBackend:
     def __getattr__(self, name: str) -> Any:
         return getattr(self.backend, name)
 
-    def generate(
-        self, prompt: str, matcher: GrammarMatcher | None, sampling: Sampling
-    ) -> Generation:
-        """The backend's loop with the deadline. Raises :class:`PastDeadlineError` past it."""
-        generation = self.backend.generate(
-            prompt, matcher, replace(sampling, deadline=self.deadline)
-        )
-        if generation.finish_reason == "timeout":
-            raise PastDeadlineError
-        return generation
-
-    @property
-    def llm(self) -> Any:
-        """The llama.cpp model; its ``eval`` raises :class:`PastDeadlineError` past the
-        deadline."""
-        return _DeadlineModel(self.backend.llm, self.deadline)  # type: ignore[attr-defined]
-
-
-class _DeadlineModel:
-    def __init__(self, llm: Any, deadline: float):
-        self.model = llm
-        self.deadline = deadline
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self.model, name)
-
-    def eval(self, tokens: Any) -> None:
+    def forward(self, token_ids: list[int]) -> Any:
+        """The backend's forward pass. Raises :class:`PastDeadlineError` past the deadline."""
         if time.monotonic() > self.deadline:
             raise PastDeadlineError
-        self.model.eval(tokens)
+        return self.backend.forward(token_ids)

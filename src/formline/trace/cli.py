@@ -6,12 +6,12 @@ import argparse
 from pathlib import Path
 from typing import Any
 
+from formline.schema import schema_of
+from formline.trace.html import write_trace_html
+from formline.trace.recorder import load_trace_backend, record_trace
+
 
 def run_trace(arguments: argparse.Namespace) -> int:
-    from formline.schema import schema_of
-    from formline.trace.html import write_trace_html
-    from formline.trace.recorder import load_trace_backend, record_trace
-
     schema = schema_of(Path(arguments.schema).read_text(encoding="utf-8"))
     if not isinstance(schema, dict):
         raise ValueError("formline trace needs an object JSON Schema, not a boolean schema")

@@ -7,10 +7,10 @@ step by step (logit masking, the automaton state, token boundaries, mask vs forw
 the per-field pressure, and the same request with its evidence (free-text) fields first and
 last (an ``evidence`` field is added where the schema has none).
 
-The step-by-step run is formline's own small loop on the llama.cpp backend's ``llm`` (no
-jump-forward, so every output token is one recorded step); it masks exactly as
-:meth:`LlamaCppBackend.generate` does (``fill_next_token_bitmask`` then
-:func:`apply_mask_measuring`), greedy, and stops on a stop token or ``max_tokens``.
+The step-by-step run is formline's one decoding loop
+(:func:`formline.pipeline.decoding.decode`) with a :class:`StepRecorder` listening, greedy,
+without jump-forward or closing (so every output token is one recorded step); it stops on
+a stop token, the grammar's end or ``max_tokens``.
 """
 
 from __future__ import annotations
@@ -21,11 +21,15 @@ from typing import Any
 
 import numpy as np
 
-from formline.backends.base import Backend, apply_mask_measuring
-from formline.mask.bitmask import allocate_token_bitmask
+from formline.backends.base import Backend, load_backend
+from formline.constraint import schema_description
+from formline.evaluation.variants import is_evidence_field, reorder_properties
 from formline.mask.matcher import GrammarMatcher
-from formline.pipeline.generate import generate, schema_description
+from formline.pipeline.decoding import Sampling, decode
+from formline.pipeline.generate import generate
+from formline.pipeline.listeners import StepListener
 from formline.pipeline.pressure import DEFAULT_THRESHOLD, field_pressure
+from formline.schema import compile_schema
 
 TOP_K = 5
 EXAMPLES = 8  # allowed tokens of 2+ bytes shown per step, with their byte walks
@@ -47,8 +51,6 @@ FAILURE_REASONS = (
 
 def load_trace_backend(model: str | None = None, n_threads: int = 1) -> Backend:
     """The llama.cpp backend on ``model`` (``None``: the embedded SmolLM2), one thread."""
-    from formline.backends.base import load_backend
-
     return load_backend("llama_cpp", model, n_threads=n_threads)
 
 
@@ -68,8 +70,6 @@ def record_trace(
     Costs 3 x ``free_samples`` sampled generations, one recorded greedy generation (one
     forward pass per token) and, with ``field_orders``, two more greedy generations.
     """
-    from formline.schema import compile_schema
-
     vocabulary = backend.vocabulary
     compiled = compile_schema(schema, vocabulary)
     described = f"{prompt}\n\n{schema_description(schema)}"
@@ -263,96 +263,95 @@ def _live_bytes_of(matcher: GrammarMatcher, stacks: Any) -> list[int]:
     return [byte for byte in candidates if automaton.advance(stacks, bytes((byte,))) is not None]
 
 
-def _record_steps(
-    backend: Backend, prompt: str, matcher: GrammarMatcher, max_tokens: int
-) -> dict[str, Any]:
-    """One constrained greedy generation, every step recorded."""
-    import llama_cpp
+class StepRecorder(StepListener):
+    """Records every step of a constrained greedy loop for the trace page: the top tokens
+    before and after the mask, what the mask removed, the automaton state, the token's
+    byte walk and examples of allowed multi-byte tokens, mask and forward times. Costs two
+    softmaxes, a few vectorised passes over the vocabulary and a few walks per step."""
 
-    llm = backend.llm  # type: ignore[attr-defined]
-    vocabulary = backend.vocabulary
-    pieces = vocabulary.token_bytes
-    eos = frozenset(vocabulary.eos_ids)
-    size = int(llm.n_vocab())
-    is_text = np.ones(size, dtype=bool)  # not a stop or special token (examples skip those)
-    is_text[[i for i in eos | frozenset(vocabulary.special_ids) if i < size]] = False
-    lengths = np.array([len(pieces[i]) if i < len(pieces) else 0 for i in range(size)])
-    punctuation = np.array(  # once per run: JSON punctuation bytes in each token
-        [sum(b in STRUCTURAL for b in pieces[i]) if i < len(pieces) else 0 for i in range(size)]
-    )
-    prompt_ids = backend.tokenize_prompt(  # type: ignore[attr-defined]
-        backend.render_chat([{"role": "user", "content": prompt}])
-    )
-    bitmask = allocate_token_bitmask(1, size)
-    scratch = np.empty(size, dtype=np.float32)  # the pressure measure's buffer, made once
-    states: dict[Any, int] = {}
-    steps: list[dict[str, Any]] = []
-    output: list[int] = []
-    pressure: dict[int, tuple[float, bool, int]] = {}
-    llm.reset()
-    feed = prompt_ids
-    finish = "length"
-    started = time.perf_counter()
-    for _ in range(max_tokens):
-        begun = time.perf_counter()
-        llm.eval(feed)
-        pointer = llama_cpp.llama_get_logits_ith(llm.ctx, -1)
-        logits = np.ctypeslib.as_array(pointer, shape=(size,)).astype(np.float32)
-        forward_ms = (time.perf_counter() - begun) * 1000
-        before = _softmax(logits)
+    def __init__(self, vocabulary: Any):
+        self.pieces = pieces = vocabulary.token_bytes
+        self.eos = frozenset(vocabulary.eos_ids)
+        size = vocabulary.size
+        self.is_text = np.ones(size, dtype=bool)  # not a stop or special token
+        self.is_text[[i for i in self.eos | frozenset(vocabulary.special_ids) if i < size]] = False
+        self.lengths = np.array([len(piece) for piece in pieces])
+        # once per run: the JSON punctuation bytes in each token
+        self.punctuation = np.array([sum(b in STRUCTURAL for b in piece) for piece in pieces])
+        self.states: dict[Any, int] = {}
+        self.steps: list[dict[str, Any]] = []
+        self.started = time.perf_counter()
+        self._step: dict[str, Any] = {}
+        self._begun = 0.0
+
+    def on_logits(
+        self, position: int, logits: np.ndarray, matcher: Any, forward_seconds: float
+    ) -> None:
         key = matcher.state_key()
-        state = states.setdefault(key, len(states))
-        live = _live_bytes_of(matcher, key[0])
-        begun = time.perf_counter()
-        matcher.fill_next_token_bitmask(bitmask)
-        removed, refused, preferred = apply_mask_measuring(logits, bitmask[0], scratch)
-        mask_ms = (time.perf_counter() - begun) * 1000
-        pressure[len(output)] = (removed, refused, preferred)
-        after = _softmax(logits)
-        allowed = np.unpackbits(bitmask[0].view(np.uint8), bitorder="little")[:size].astype(bool)
-        token = int(np.argmax(logits))
-        piece = pieces[token]
-        is_eos = token in eos
-        steps.append(
+        self._step = {
+            "index": len(self.steps),
+            "before": _top(_softmax(logits), self.pieces, self.eos),
+            "state": self.states.setdefault(key, len(self.states)),
+            "stacks": len(key[0]),
+            "live": _live_bytes_of(matcher, key[0]),
+            "forward_ms": forward_seconds * 1000,
+        }
+        self._begun = time.perf_counter()
+
+    def on_masked(self, position: int, logits: np.ndarray, bitmask_row: np.ndarray) -> None:
+        self._step["mask_ms"] = (time.perf_counter() - self._begun) * 1000
+        self._step["after_probabilities"] = _softmax(logits)
+        size = self.lengths.shape[0]
+        allowed = np.unpackbits(bitmask_row.view(np.uint8), bitorder="little")[:size]
+        self._step["allowed_flags"] = allowed.astype(bool)
+
+    def on_token(self, position: int, token: int, matcher: Any) -> None:
+        step, pieces, eos = self._step, self.pieces, self.eos
+        after, allowed = step.pop("after_probabilities"), step.pop("allowed_flags")
+        live = step.pop("live")
+        is_eos, piece = token in eos, pieces[token]
+        self.steps.append(
             {
-                "index": len(steps),
-                "before": _top(before, pieces, eos),
+                **step,
                 "after": _top(after, pieces, eos),
-                "removed": removed,
-                "refused": refused,
-                "preferred": "<eos>" if preferred in eos else _show(pieces[preferred]),
                 "chosen": "<eos>" if is_eos else _show(piece),
                 "chosen_id": token,
                 "chosen_p": float(after[token]),
                 "allowed": int(allowed.sum()),
-                "allowed_multi": int((allowed & (lengths >= 2)).sum()),
-                "state": state,
-                "stacks": len(key[0]),
+                "allowed_multi": int((allowed & (self.lengths >= 2)).sum()),
                 "can_end": matcher.can_end(),
                 "live_bytes": byte_ranges(live),
                 "live_count": len(live),
                 "crossing": [] if is_eos else _crossing(matcher, piece),
-                "examples": _examples(matcher, allowed & is_text, lengths, punctuation, pieces),
-                "mask_ms": mask_ms,
-                "forward_ms": forward_ms,
+                "examples": _examples(
+                    matcher, allowed & self.is_text, self.lengths, self.punctuation, pieces
+                ),
             }
         )
-        if not matcher.accept_token(token):
-            raise RuntimeError(f"formline bug: the matcher refused allowed token {token}")
-        if is_eos or matcher.is_terminated():
-            finish = "stop"
-            break
-        output.append(token)
-        feed = [token]
-    text = b"".join(pieces[token] for token in output).decode("utf-8", errors="replace")
-    fields = field_pressure(output, pieces, pressure)
+
+
+def _record_steps(
+    backend: Backend, prompt: str, matcher: GrammarMatcher, max_tokens: int
+) -> dict[str, Any]:
+    """One constrained greedy generation through the decoding loop, every step recorded
+    (no jump-forward and no closing, so every output token is one recorded step)."""
+    recorder = StepRecorder(backend.vocabulary)
+    sampling = Sampling(max_tokens=max_tokens, jump_forward=False, close_within_budget=False)
+    rendered = backend.render_chat([{"role": "user", "content": prompt}])
+    generation = decode(backend, rendered, matcher, sampling, [recorder])
+    pieces = backend.vocabulary.token_bytes
+    for step in recorder.steps:  # the pressure listener's figures, for the page
+        removed, refused, preferred = generation.step_pressure[step["index"]]
+        preferred_text = "<eos>" if preferred in recorder.eos else _show(pieces[preferred])
+        step.update(removed=removed, refused=refused, preferred=preferred_text)
+    fields = field_pressure(generation.token_ids, pieces, generation.step_pressure)
     return {
-        "text": text,
-        "finish": finish,
-        "prompt_tokens": len(prompt_ids),
-        "states_seen": len(states),
-        "total_ms": (time.perf_counter() - started) * 1000,
-        "steps": steps,
+        "text": generation.text,
+        "finish": generation.finish_reason,
+        "prompt_tokens": generation.prompt_tokens,
+        "states_seen": len(recorder.states),
+        "total_ms": (time.perf_counter() - recorder.started) * 1000,
+        "steps": recorder.steps,
         "pressure": [_pressure_row(entry) for entry in fields.values()],
     }
 
@@ -375,8 +374,6 @@ def _field_orders(
     fields (:func:`~formline.evaluation.variants.is_evidence_field`) before, then after, the
     answers; an ``evidence`` field is added to an object schema that has none. ``None`` when
     the schema is not an object with properties."""
-    from formline.evaluation.variants import is_evidence_field, reorder_properties
-
     properties = schema.get("properties") if isinstance(schema, dict) else None
     if not isinstance(properties, dict) or not properties:
         return None

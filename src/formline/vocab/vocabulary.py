@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from formline.errors import FormlineError
+from formline.vocab.prefix import TokenPrefixIndex
 
 END_OF_GENERATION_TEXTS = frozenset(
     {
@@ -177,6 +178,11 @@ class Vocabulary:
         whole vocabulary on the first call (O(size)), then O(len(piece)) per lookup.
         """
         return self._id_by_piece.get(piece)
+
+    @functools.cached_property
+    def prefix_index(self) -> TokenPrefixIndex:
+        """The text tokens sorted by bytes (built on first use: one sort of the vocabulary)."""
+        return TokenPrefixIndex(self.token_bytes, self.special_ids)
 
     @functools.cached_property
     def _id_by_piece(self) -> dict[bytes, int]:

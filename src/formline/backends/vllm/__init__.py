@@ -17,12 +17,11 @@ from typing import Any
 
 from formline.backends.vllm.constraints import (
     KEYS,
-    RequestConstraint,
     read_constraint,
     vllm_xargs,
 )
 
-__all__ = ["KEYS", "FormlineLogitsProcessor", "RequestConstraint", "read_constraint", "vllm_xargs"]
+__all__ = ["KEYS", "FormlineLogitsProcessor", "read_constraint", "vllm_xargs"]
 
 
 def __getattr__(name: str) -> Any:

@@ -23,33 +23,17 @@ formline's caches (the grammar per constraint, the masks per grammar and vocabul
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
 from typing import Any
 
+from formline.constraint import Constraint, compile_error_message
 from formline.grammar.ir import Grammar, GrammarError
 from formline.mask.compiled import CompiledGrammar
-from formline.mask.compiler import compile_grammar
-from formline.schema import SchemaError, compile_schema, schema_to_grammar
+from formline.schema import SchemaError
 from formline.vocab import Vocabulary
 
 KEYS = ("formline_json_schema", "formline_regex", "formline_choice", "formline_grammar")
 OPTIONS = ("formline_whitespace",)
 PREFIX = "formline_"
-
-
-@dataclass(frozen=True)
-class RequestConstraint:
-    """One request's constraint: ``kind`` (json_schema, regex, choice, grammar), its
-    ``value`` (the schema object, pattern, options or grammar text) and ``whitespace``."""
-
-    kind: str
-    value: Any
-    whitespace: int | None = None
-
-    @property
-    def key(self) -> str:
-        """The ``extra_args`` key it came from (for error messages)."""
-        return f"{PREFIX}{self.kind}"
 
 
 def vllm_xargs(
@@ -82,7 +66,7 @@ def vllm_xargs(
     return chosen
 
 
-def read_constraint(extra_args: dict[str, Any] | None) -> RequestConstraint | None:
+def read_constraint(extra_args: dict[str, Any] | None) -> Constraint | None:
     """The formline constraint in ``extra_args``; ``None`` when it asks for none.
 
     Raises:
@@ -104,7 +88,8 @@ def read_constraint(extra_args: dict[str, Any] | None) -> RequestConstraint | No
         return None
     key = asked[0]
     kind = key.removeprefix(PREFIX)
-    return RequestConstraint(kind, _value(kind, key, ours[key]), _whitespace(ours))
+    value = _value(kind, key, ours[key])
+    return Constraint(kind, value, whitespace=_whitespace(ours), source=f"vllm_xargs.{key}")
 
 
 def _value(kind: str, key: str, value: Any) -> Any:
@@ -133,7 +118,7 @@ def _whitespace(ours: dict[str, Any]) -> int | None:
     return value
 
 
-def grammar_for(constraint: RequestConstraint) -> Grammar:
+def grammar_for(constraint: Constraint) -> Grammar:
     """The tokenizer-free grammar of ``constraint`` (what ``validate_params`` checks).
 
     Raises:
@@ -142,42 +127,24 @@ def grammar_for(constraint: RequestConstraint) -> Grammar:
     Costs milliseconds the first time a schema is seen (schema_to_grammar's cache after).
     """
     try:
-        if constraint.kind == "json_schema":
-            grammar, _ = schema_to_grammar(constraint.value, whitespace=constraint.whitespace)
-            return grammar
-        if constraint.kind == "regex":
-            return Grammar.from_regex(constraint.value)
-        if constraint.kind == "choice":
-            return Grammar.from_choices(constraint.value)
-        return Grammar.from_ebnf(constraint.value)
+        grammar = constraint.grammar()
     except (SchemaError, GrammarError) as error:
-        raise refusal(constraint, error) from error
+        raise ValueError(compile_error_message(error, constraint.source)[0]) from error
+    assert grammar is not None  # read_constraint never makes a text constraint
+    return grammar
 
 
-def compiled_for(constraint: RequestConstraint, vocabulary: Vocabulary) -> CompiledGrammar:
+def compiled_for(constraint: Constraint, vocabulary: Vocabulary) -> CompiledGrammar:
     """The compiled grammar of ``constraint`` for ``vocabulary`` (cached by formline).
 
     Raises:
         ValueError: as :func:`grammar_for`.
-    Costs the mask precompute the first time a grammar meets a vocabulary (milliseconds to
-    a second or so for a large schema; the disk cache keeps it across restarts).
+    Costs the automaton build the first time a grammar meets a vocabulary (milliseconds
+    for most schemas); masks come lazily.
     """
     try:
-        if constraint.kind == "json_schema":
-            schema = compile_schema(constraint.value, vocabulary, whitespace=constraint.whitespace)
-            return schema.compiled_grammar
-        return compile_grammar(grammar_for(constraint), vocabulary)
+        compiled = constraint.compile(vocabulary).compiled
     except (SchemaError, GrammarError) as error:
-        raise refusal(constraint, error) from error
-
-
-def refusal(constraint: RequestConstraint, error: SchemaError | GrammarError) -> ValueError:
-    """The ValueError (a 400 from vLLM) naming the key, and for a schema the keyword and
-    JSON pointer."""
-    if isinstance(error, SchemaError):
-        where = f" (keyword '{error.keyword}')" if error.keyword else ""
-        return ValueError(
-            f"vllm_xargs.{constraint.key}: {error.message}{where} at JSON pointer "
-            f"{error.pointer or '/'}"
-        )
-    return ValueError(f"vllm_xargs.{constraint.key} does not compile: {error}")
+        raise ValueError(compile_error_message(error, constraint.source)[0]) from error
+    assert compiled is not None
+    return compiled

@@ -30,7 +30,7 @@ import json
 import logging
 import os
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -40,7 +40,6 @@ import torch
 from vllm import SamplingParams
 from vllm.v1.sample.logits_processor import BatchUpdate, LogitsProcessor, MoveDirectionality
 
-from formline.backends.base import closing_tokens
 from formline.backends.vllm.constraints import compiled_for, grammar_for, read_constraint
 from formline.mask.batch import default_batch_matcher
 from formline.mask.bitmask import (
@@ -104,20 +103,13 @@ class _Row:
             words &= self.not_eos_words
             words |= self.stop_words
 
-    def plan_closing(
-        self, tokenize: Callable[[bytes], list[int]], token_bytes: Sequence[bytes]
-    ) -> bool:
-        """Whether the closing tokens must start now (then they are in :attr:`forced`)."""
+    def plan_closing(self, tokenize: Callable[[bytes], list[int]]) -> bool:
+        """Whether the closing tokens must start now (then they are in :attr:`forced`,
+        accepted as vLLM samples them, one per step)."""
         if self.max_tokens is None or self.matcher.is_terminated():
             return False
-        tokens = closing_tokens(
-            self.matcher, self.max_tokens - self.accepted, tokenize, token_bytes
-        )
-        if not tokens:
-            return False
-        self.matcher.rollback(len(tokens))  # accepted as vLLM samples them, one per step
-        self.forced = tokens
-        return True
+        self.forced = self.matcher.closing_tokens(self.max_tokens - self.accepted, tokenize)
+        return bool(self.forced)
 
 
 class FormlineLogitsProcessor(LogitsProcessor):
@@ -226,7 +218,6 @@ class FormlineLogitsProcessor(LogitsProcessor):
         bitmask = self._bitmask
         assert bitmask is not None  # allocated with the vocabulary, before any row exists
         indices = sorted(index for index in self.rows if index < logits.shape[0])
-        token_bytes = self.vocabulary.token_bytes
         filled: list[int] = []
         for index in indices:
             row = self.rows[index]
@@ -234,7 +225,7 @@ class FormlineLogitsProcessor(LogitsProcessor):
             if row.closed:
                 ends = row.matcher.compiled.eos_mask if row.stop_words is None else row.stop_words
                 bitmask[index] = ends.view(np.int32)
-            elif row.forced or row.plan_closing(self._tokenize, token_bytes):
+            elif row.forced or row.plan_closing(self._tokenize):
                 forced = ids_to_bitmask(np.array(row.forced[:1]), bitmask.shape[1])
                 bitmask[index] = forced.view(np.int32)
             else:

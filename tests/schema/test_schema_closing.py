@@ -10,7 +10,7 @@ from hypothesis import example, given, settings
 from hypothesis import strategies as st
 from jsonschema import Draft202012Validator
 
-from formline.server.closing import close_objects
+from formline.schema.closing import close_objects
 
 OPEN_A = {"type": "object", "properties": {"a": {"type": "integer"}}}
 ONE_OF = {

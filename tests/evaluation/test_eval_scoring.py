@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 
 from formline.evaluation.dataset import extraction_dev_directory
-from formline.pipeline.scoring import SCORED_FIELDS, parse_output, score_task, summarize
+from formline.evaluation.scoring import SCORED_FIELDS, parse_output, score_task, summarize
 
 EXTRACTION = extraction_dev_directory()
 PLACEHOLDER = "PLACEHOLDER"

@@ -1,0 +1,286 @@
+"""The decoding loop: the one place where a model's steps are driven, for every engine.
+
+:func:`decode` runs a prompt through an engine (:class:`~formline.backends.base.Backend`:
+``tokenize_prompt``, ``tokenize``, ``reset``, ``forward``) under an optional matcher: a
+forward pass, the mask (``fill_next_token_bitmask`` then ``apply_token_bitmask_inplace``),
+a token (greedy, or temperature and top-p from ``numpy.random.default_rng(seed)``), its
+accept, until a stop token, the grammar's end or ``max_tokens``. The matcher's policies
+decide the rest: the text the grammar forces (``jump_forward_tokens``) is fed with the
+sampled token in one pass, the opening forced text shares the prompt's pass, the grammar's
+end finishes without another pass, and a completion that only just fits the budget
+(``closing_tokens``) is written instead of running into ``max_tokens``. What watches the
+loop (pressure, traces, streaming, deadlines) is a :class:`StepListener`.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from formline.backends.base import Backend, BackendError
+from formline.mask.bitmask import allocate_token_bitmask, apply_token_bitmask_inplace
+from formline.mask.matcher import GrammarMatcher
+from formline.pipeline.listeners import Deadline, StepListener, TokenFeed
+from formline.pipeline.pressure import PressureListener
+
+
+@dataclass(frozen=True)
+class Sampling:
+    """Decoding settings. ``temperature == 0`` is greedy; a ``seed`` makes sampling
+    reproducible. ``close_within_budget``: when the shortest text that completes the grammar
+    only just fits in the tokens left, write it instead of running into ``max_tokens`` (a
+    small model looping on array items still returns a complete, valid value; ``usage``
+    counts the closing tokens).
+
+    ``deadline`` (a ``time.monotonic()`` value) and ``on_tokens`` are shorthands for the
+    :class:`~formline.pipeline.listeners.Deadline` and
+    :class:`~formline.pipeline.listeners.TokenFeed` listeners: the loop stops at the first
+    step past the deadline (finish_reason ``"timeout"``), and ``on_tokens`` gets the tokens
+    added at each step (returning ``False`` stops it with ``"cancelled"``)."""
+
+    temperature: float = 0.0
+    top_p: float = 1.0
+    seed: int | None = None
+    max_tokens: int = 256
+    jump_forward: bool = True
+    close_within_budget: bool = True
+    deadline: float | None = None
+    on_tokens: Callable[[list[int]], bool | None] | None = None
+
+
+@dataclass
+class Generation:
+    """What one decoding loop produced, and what it cost. ``token_ids`` are the output's
+    tokens without the stop token; ``completion_tokens`` counts them."""
+
+    token_ids: list[int]
+    text: str
+    # "stop" (a stop token or the grammar's end), "length" (max_tokens), "timeout" (past
+    # Sampling.deadline) or "cancelled" (Sampling.on_tokens said stop)
+    finish_reason: str
+    prompt_tokens: int
+    completion_tokens: int
+    forward_passes: int = 0
+    forward_passes_saved: int = 0  # tokens fed by jump-forward beyond one per pass
+    closing_tokens: int = 0  # tokens of a completion written to fit max_tokens
+    # Per sampled output position: (probability mass the mask removed, whether the model's
+    # preferred token was refused, that token's id). Forced and closing tokens have no entry.
+    step_pressure: dict[int, tuple[float, bool, int]] = field(default_factory=dict)
+    forward_seconds: float = 0.0
+    mask_seconds: float = 0.0
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+def decode(
+    engine: Backend,
+    prompt: str,
+    matcher: GrammarMatcher | None,
+    sampling: Sampling,
+    listeners: Sequence[StepListener] = (),
+) -> Generation:
+    """Decode from ``prompt`` (already rendered: see ``engine.render_chat``), constrained
+    by ``matcher`` when given, free otherwise.
+
+    Raises:
+        BackendError: the prompt does not fit the engine's context, or the engine fails.
+        RuntimeError: the matcher refuses a token its own mask allowed, or allows none
+            (both formline bugs).
+    Costs one forward pass per sampled token plus, constrained, a mask, its pressure and an
+    accept (about 0.1-0.3 ms with SmolLM2's 49k tokens); jump-forward feeds the forced
+    tokens in the sampled token's pass (on a CPU a pass of k tokens costs nearly k single
+    passes, so it saves passes more than time).
+    """
+    started = time.perf_counter()
+    prompt_ids = engine.tokenize_prompt(prompt)
+    if len(prompt_ids) >= engine.context_size:
+        raise BackendError(
+            f"the prompt has {len(prompt_ids)} tokens; n_ctx is {engine.context_size}"
+        )
+    watchers = list(listeners)
+    if sampling.on_tokens is not None:
+        watchers.append(TokenFeed(sampling.on_tokens))
+    if sampling.deadline is not None:
+        watchers.append(Deadline(sampling.deadline))
+    pressure = PressureListener()
+    loop = _Loop(engine, matcher, sampling, [pressure, *watchers])
+    finish = loop.run(prompt_ids)
+    loop.notify_output()  # the last tokens reach a streaming listener too
+    special = engine.vocabulary.special_ids
+    pieces = engine.vocabulary.token_bytes
+    data = b"".join(pieces[token] for token in loop.output if token not in special)
+    return Generation(
+        token_ids=loop.output,
+        text=data.decode("utf-8", errors="replace"),
+        finish_reason=finish,
+        prompt_tokens=len(prompt_ids),
+        completion_tokens=len(loop.output),
+        forward_passes=loop.forward_passes,
+        forward_passes_saved=loop.forced_tokens,
+        closing_tokens=loop.closing_tokens,
+        step_pressure=pressure.steps,
+        forward_seconds=loop.forward_seconds,
+        mask_seconds=loop.mask_seconds,
+        extra={
+            "jump_forward_tokens": loop.forced_tokens,
+            "prompt_seconds": loop.prompt_seconds,
+            "total_seconds": time.perf_counter() - started,
+        },
+    )
+
+
+class _Loop:
+    """One decoding loop's state and counters (see :func:`decode`)."""
+
+    def __init__(
+        self,
+        engine: Backend,
+        matcher: GrammarMatcher | None,
+        sampling: Sampling,
+        listeners: list[StepListener],
+    ):
+        self.engine, self.matcher, self.sampling = engine, matcher, sampling
+        self.listeners = listeners
+        self.rng = np.random.default_rng(sampling.seed)
+        self.stop_ids = engine.vocabulary.eos_ids
+        self.output: list[int] = []
+        self.fed = 0  # tokens in the engine's context
+        self.forward_passes = self.forced_tokens = self.closing_tokens = 0
+        self.forward_seconds = self.prompt_seconds = self.mask_seconds = 0.0
+        self.last_forward = 0.0
+        size = engine.vocabulary.size
+        self.bitmask = allocate_token_bitmask(1, size) if matcher is not None else None
+
+    def run(self, prompt_ids: list[int]) -> str:
+        """The step loop; fills :attr:`output` and returns the finish reason."""
+        matcher, sampling = self.matcher, self.sampling
+        # A grammar can force its opening bytes ('{"name":"'): they share the prompt's pass.
+        self.output = self.forced(sampling.max_tokens, len(prompt_ids))
+        self.engine.reset()
+        self.fed = 0
+        logits = self.forward(prompt_ids + self.output)
+        self.prompt_seconds = self.forward_seconds
+        if matcher is not None and self.output and matcher.is_only_stop_allowed():
+            return "stop"  # the grammar forced all of its text
+        while len(self.output) < sampling.max_tokens and self.fed < self.engine.context_size:
+            stopped = self.notify_output()
+            if stopped:
+                return stopped
+            if self.mask(logits) and self.close():
+                return "stop"
+            token = self.choose(logits)
+            if token in self.stop_ids or (matcher is not None and matcher.is_terminated()):
+                return "stop"
+            self.output.append(token)
+            if matcher is not None and matcher.is_only_stop_allowed():
+                return "stop"
+            forced = self.forced(sampling.max_tokens - len(self.output), self.fed + 1)
+            self.output.extend(forced)
+            if forced and matcher is not None and matcher.is_only_stop_allowed():
+                return "stop"
+            if len(self.output) >= sampling.max_tokens:
+                break  # no pass for logits nobody will read
+            logits = self.forward([token, *forced])
+        return "length"
+
+    def notify_output(self) -> str | None:
+        """Show the output to every listener; the first finish reason one of them gives."""
+        reasons = [listener.on_output(self.output) for listener in self.listeners]
+        return next((reason for reason in reasons if reason), None)
+
+    def forward(self, tokens: list[int]) -> np.ndarray:
+        begun = time.perf_counter()
+        logits = self.engine.forward(tokens)
+        self.last_forward = time.perf_counter() - begun
+        self.forward_seconds += self.last_forward
+        self.forward_passes += 1
+        self.fed += len(tokens)
+        return logits
+
+    def mask(self, logits: np.ndarray) -> bool:
+        """Mask ``logits`` in place (listeners see them before and after; their time counts
+        as the mask's, as the pressure is part of it); whether there is a matcher."""
+        position, begun = len(self.output), time.perf_counter()
+        for listener in self.listeners:
+            listener.on_logits(position, logits, self.matcher, self.last_forward)
+        if self.matcher is None or self.bitmask is None:
+            return False
+        self.matcher.fill_next_token_bitmask(self.bitmask)
+        apply_token_bitmask_inplace(logits, self.bitmask[0])
+        for listener in self.listeners:
+            listener.on_masked(position, logits, self.bitmask[0])
+        self.mask_seconds += time.perf_counter() - begun
+        return True
+
+    def close(self) -> bool:
+        """Write the shortest completion when it only just fits; whether it did."""
+        matcher = self.matcher
+        if matcher is None or not self.sampling.close_within_budget:
+            return False
+        remaining = self.sampling.max_tokens - len(self.output)
+        closing = matcher.closing_tokens(remaining, self.engine.tokenize)
+        if not closing or not matcher.accept_tokens(closing):
+            return False
+        self.output.extend(closing)
+        self.closing_tokens = len(closing)
+        return True
+
+    def choose(self, logits: np.ndarray) -> int:
+        """Pick the next token and (when constrained) accept it."""
+        token = choose_token(logits, self.sampling.temperature, self.sampling.top_p, self.rng)
+        for listener in self.listeners:
+            listener.on_token(len(self.output), token, self.matcher)
+        if self.matcher is not None and not self.matcher.accept_token(token):
+            piece = self.engine.vocabulary.token_bytes[token]
+            raise RuntimeError(
+                f"formline bug: the matcher refused token {token} ({piece!r}) that its own "
+                "mask allowed"
+            )
+        return token
+
+    def forced(self, budget: int, fed_after: int) -> list[int]:
+        """The forced tokens to feed next (accepted), within ``budget`` tokens and the
+        context left after ``fed_after`` tokens; ``[]`` without jump-forward."""
+        matcher = self.matcher
+        if matcher is None or not self.sampling.jump_forward:
+            return []
+        room = min(budget, self.engine.context_size - fed_after - 1)
+        tokens = matcher.jump_forward_tokens(self.engine.tokenize, room)
+        if not tokens or not matcher.accept_tokens(tokens):
+            return []
+        self.forced_tokens += len(tokens)
+        return tokens
+
+
+def choose_token(
+    logits: np.ndarray, temperature: float, top_p: float, rng: np.random.Generator
+) -> int:
+    """The next token: argmax when ``temperature <= 0``, else a draw from the softmax of
+    ``logits / temperature`` cut to the smallest top-``top_p`` nucleus.
+
+    Raises:
+        RuntimeError: no token has a finite logit (a mask that allows nothing).
+    Costs O(V) for greedy; sampling adds an O(V log V) sort of the allowed tokens when
+    ``top_p < 1`` (about 3 ms for 49k unmasked tokens).
+    """
+    if temperature <= 0:
+        token = int(np.argmax(logits))
+        if not np.isfinite(logits[token]):
+            raise RuntimeError("formline bug: no token has a finite logit (the mask allows none)")
+        return token
+    ids = np.flatnonzero(np.isfinite(logits))
+    if ids.size == 0:
+        raise RuntimeError("formline bug: no token has a finite logit (the mask allows none)")
+    scaled = logits[ids].astype(np.float64) / temperature
+    probs = np.exp(scaled - scaled.max())
+    probs /= probs.sum()
+    if top_p < 1.0:
+        order = np.argsort(-probs, kind="stable")
+        cut = int(np.searchsorted(np.cumsum(probs[order]), top_p)) + 1
+        ids, probs = ids[order[:cut]], probs[order[:cut]]
+    cumulative = np.cumsum(probs)
+    pick = int(np.searchsorted(cumulative, rng.random() * cumulative[-1], side="right"))
+    return int(ids[min(pick, ids.size - 1)])

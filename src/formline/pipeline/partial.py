@@ -1,0 +1,161 @@
+"""Partial values of a JSON text being decoded: what a stream shows before the end.
+
+:class:`PartialJson` reads the text as it grows (each character once) and keeps the last
+place where the text, with its open containers closed, is a JSON value. The partial value
+holds every complete member, and the string being written when it is a value (instructor's
+"trailing strings"); a number or literal being written waits until it ends (``3`` may
+still become ``34``), and so does a key. :func:`partial_model` is a Pydantic model's
+partial twin, instructor's ``Partial[Model]``: every field optional, nested models
+partial too, no validators, so a value half decoded still validates.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import types
+import typing
+from typing import Any
+
+from pydantic import BaseModel, create_model
+
+NOTHING: Any = object()  # no value yet
+LITERALS = ("true", "false", "null")
+CLOSERS = {"{": "}", "[": "]"}
+
+
+class PartialJson:
+    """Feeds on the decoded text; :meth:`value` is the partial value so far (``NOTHING``
+    before the first one). Costs O(1) per character fed and one ``json.loads`` of the
+    text per :meth:`value` call."""
+
+    def __init__(self) -> None:
+        self.text = ""
+        self.stack: list[list[str]] = []  # per open container: [bracket, what comes next]
+        self.in_string = self.escaped = False
+        self.string_start = 0
+        self.unicode_left = 0  # hex digits still due after \u
+        self.scalar = ""  # a number or literal being written
+        self.cut = 0  # text[:cut] + closing is a value...
+        self.closing = ""  # ...with these brackets
+        self.done = False  # a complete top-level value
+
+    def feed(self, text: str) -> None:
+        """Read ``text`` (the next characters of the output)."""
+        for character in text:
+            self._character(character)
+            self.text += character
+
+    def value(self) -> Any:
+        """The partial value: the string being written included, when it is a value."""
+        if self.is_writing_string() and not self.escaped and not self.unicode_left:
+            return self._load(self.text + '"' + self._closers())
+        return self.complete_value()
+
+    def complete_value(self) -> Any:
+        """The partial value without the string being written."""
+        if not self.cut:
+            return NOTHING
+        return self._load(self.text[: self.cut] + self.closing)
+
+    def is_writing_string(self) -> bool:
+        """Whether the text ends inside a string value."""
+        return self.in_string and self._expects() == "value"
+
+    @staticmethod
+    def _load(candidate: str) -> Any:
+        try:
+            return json.loads(candidate)
+        except ValueError:  # not reached for text a JSON grammar allowed; be safe anyway
+            return NOTHING
+
+    def _expects(self) -> str:
+        return self.stack[-1][1] if self.stack else "value"
+
+    def _closers(self) -> str:
+        return "".join(CLOSERS[frame[0]] for frame in reversed(self.stack))
+
+    def _mark(self, end: int) -> None:
+        self.cut, self.closing = end, self._closers()
+
+    def _character(self, character: str) -> None:
+        if self.in_string:
+            self._in_string(character)
+            return
+        if self.scalar:
+            if character.isalnum() or character in "+-.":
+                self.scalar += character
+                if self.scalar in LITERALS:
+                    self._value_ended(len(self.text) + 1)
+                return
+            self._value_ended(len(self.text))
+        self._structure(character)
+
+    def _in_string(self, character: str) -> None:
+        if self.unicode_left:
+            self.unicode_left -= 1
+        elif self.escaped:
+            self.escaped = False
+            self.unicode_left = 4 if character == "u" else 0
+        elif character == "\\":
+            self.escaped = True
+        elif character == '"':
+            self.in_string = False
+            if self._expects() == "key":
+                self.stack[-1][1] = "colon"
+            else:
+                self._value_ended(len(self.text) + 1)
+
+    def _structure(self, character: str) -> None:
+        if character in " \t\r\n":
+            return
+        frame = self.stack[-1] if self.stack else None
+        if character in "{[":
+            self.stack.append([character, "key" if character == "{" else "value"])
+            self._mark(len(self.text) + 1)
+        elif character in "}]":
+            self.stack.pop()
+            self._value_ended(len(self.text) + 1)
+        elif character == ",":
+            if frame is not None:
+                frame[1] = "key" if frame[0] == "{" else "value"
+        elif character == ":":
+            if frame is not None:
+                frame[1] = "value"
+        elif character == '"':
+            self.in_string, self.string_start = True, len(self.text)
+        else:
+            self.scalar = character
+
+    def _value_ended(self, end: int) -> None:
+        self.scalar = ""
+        if self.stack:
+            self.stack[-1][1] = "comma"
+        else:
+            self.done = True
+        self._mark(end)
+
+
+@functools.cache
+def partial_model(model: type[BaseModel]) -> type[BaseModel]:
+    """``model`` with every field optional (default ``None``), nested models (also inside
+    lists, dicts and unions) partial too, and none of its validators. Cached per model."""
+    fields: dict[str, Any] = {
+        name: (_partial_annotation(info.annotation) | None, None)
+        for name, info in model.model_fields.items()
+    }
+    partial: type[BaseModel] = create_model(f"Partial{model.__name__}", **fields)
+    return partial
+
+
+def _partial_annotation(annotation: Any) -> Any:
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        return partial_model(annotation)
+    origin, arguments = typing.get_origin(annotation), typing.get_args(annotation)
+    if origin in (list, tuple, set, frozenset) and arguments:
+        return list.__class_getitem__(_partial_annotation(arguments[0]))
+    if origin is dict and len(arguments) == 2:
+        return dict.__class_getitem__((arguments[0], _partial_annotation(arguments[1])))
+    if origin in (typing.Union, types.UnionType):
+        return functools.reduce(lambda a, b: a | b, map(_partial_annotation, arguments))
+    return annotation

@@ -1,0 +1,211 @@
+"""``formline.stream``: the value while it is decoded, then the validated value.
+
+``for partial in formline.stream(prompt, Person): ...`` (or ``async for``) yields a partial
+value each time the output grows into a new one: for a Pydantic model an instance of its
+partial twin (:func:`~formline.pipeline.partial.partial_model`, instructor's ``Partial``:
+fields fill in as they are decoded, the string being written included), for a JSON Schema
+the parsed partial JSON, for text the text so far. The last item is the final value, typed
+and checked as ``formline.generate(...).value`` gives it, or the same typed errors
+(:class:`~formline.pipeline.generate.TruncatedOutput`,
+:class:`~formline.pipeline.generate.InvalidOutput`) at the end of the iteration.
+
+The loop runs on a worker thread (the one decoding loop, with a :class:`TextDeltas`
+listener); leaving the iteration early stops it at its next step. The server's streamed
+chunks use the same listener. One stream per engine at a time (an engine decodes one
+sequence).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import codecs
+import queue
+import threading
+from collections.abc import AsyncIterator, Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+from pydantic import ValidationError
+
+from formline.backends.base import Backend
+from formline.pipeline.decoding import Sampling
+from formline.pipeline.generate import GenerationRequest, Result, backend_for
+from formline.pipeline.listeners import StepListener
+from formline.pipeline.partial import NOTHING, PartialJson, partial_model
+from formline.vocab import Vocabulary
+
+
+class TextDeltas(StepListener):
+    """Turns the output's tokens into text as it grows, whole UTF-8 characters only (a
+    character split across tokens waits for its last byte), special tokens left out;
+    ``callback(delta)`` returning ``False`` stops the loop (``"cancelled"``). Costs one
+    incremental decode per step."""
+
+    def __init__(self, vocabulary: Vocabulary, callback: Callable[[str], bool | None]):
+        self.token_bytes, self.special = vocabulary.token_bytes, vocabulary.special_ids
+        self.callback = callback
+        self.decoder = codecs.getincrementaldecoder("utf-8")("replace")
+        self.seen = 0
+
+    def on_output(self, output: list[int]) -> str | None:
+        fresh, self.seen = output[self.seen :], len(output)
+        data = b"".join(self.token_bytes[t] for t in fresh if t not in self.special)
+        return self.send(self.decoder.decode(data))
+
+    def send(self, text: str) -> str | None:
+        """Hand ``text`` to the callback (nothing for ``""``); ``"cancelled"`` if it says stop."""
+        if text and self.callback(text) is False:
+            return "cancelled"
+        return None
+
+    def flush(self) -> str | None:
+        """Send what the decoder still holds (an incomplete character, replaced)."""
+        return self.send(self.decoder.decode(b"", final=True))
+
+
+def stream(
+    prompt: str | list[dict[str, str]],
+    output: Any = None,
+    model: Backend | str | Path | None = None,
+    *,
+    backend: str = "llama_cpp",
+    temperature: float = 0.0,
+    top_p: float = 1.0,
+    seed: int | None = None,
+    max_tokens: int = 256,
+    describe_schema: bool = True,
+    jump_forward: bool = True,
+    system: str | None = None,
+) -> Stream:
+    """A :class:`Stream` of ``prompt`` under ``output``: :func:`formline.generate`'s
+    arguments, iterated (sync or async) for partial values and the final one.
+
+    Raises (here, before any decoding):
+        formline.schema.SchemaError / GrammarError: ``output`` does not compile.
+        BackendError: the model cannot be loaded.
+    Costs one compile (cached); iterating costs the decoding loop plus a partial parse per
+    step (one ``json.loads`` of the text so far, and a partial model's validation).
+    """
+    request = GenerationRequest.prepare(
+        prompt,
+        output,
+        backend_for(model, backend),
+        Sampling(temperature, top_p, seed, max_tokens, jump_forward),
+        describe_schema=describe_schema,
+        system=system,
+    )
+    return Stream(request)
+
+
+class Stream:
+    """Partial values of one generation as it is decoded (see the module's doc); after the
+    iteration, :attr:`result` is the :class:`~formline.pipeline.generate.Result`."""
+
+    def __init__(self, request: GenerationRequest):
+        self.request = request
+        self.result: Result | None = None
+        self.text = ""
+        self._cancelled = threading.Event()
+        self._started = False
+
+    def __iter__(self) -> Iterator[Any]:
+        events: queue.Queue[tuple[str, Any]] = queue.Queue()
+        worker = self._start(events.put)
+        reader = _PartialReader(self.request)
+        try:
+            while True:
+                kind, payload = events.get()
+                if kind == "text":
+                    yield from reader.read(payload)
+                else:
+                    yield self._end(kind, payload)
+                    return
+        finally:
+            self._cancelled.set()  # a consumer that left early stops the loop
+            worker.join()
+
+    async def __aiter__(self) -> AsyncIterator[Any]:
+        loop = asyncio.get_running_loop()
+        events: asyncio.Queue[tuple[str, Any]] = asyncio.Queue()
+        worker = self._start(lambda item: loop.call_soon_threadsafe(events.put_nowait, item))
+        reader = _PartialReader(self.request)
+        try:
+            while True:
+                kind, payload = await events.get()
+                if kind == "text":
+                    for partial in reader.read(payload):
+                        yield partial
+                else:
+                    yield self._end(kind, payload)
+                    return
+        finally:
+            self._cancelled.set()
+            await asyncio.to_thread(worker.join)
+
+    def _start(self, put: Callable[[tuple[str, Any]], object]) -> threading.Thread:
+        if self._started:
+            raise RuntimeError("a Stream is iterated once; call formline.stream again")
+        self._started = True
+
+        def send(text: str) -> bool:
+            self.text += text
+            put(("text", text))
+            return not self._cancelled.is_set()
+
+        def produce() -> None:
+            deltas = TextDeltas(self.request.engine.vocabulary, send)
+            try:
+                result = self.request.run([deltas])
+                deltas.flush()
+            except BaseException as error:  # every failure reaches the consumer
+                put(("error", error))
+            else:
+                put(("end", result))
+
+        worker = threading.Thread(target=produce, name="formline-stream", daemon=True)
+        worker.start()
+        return worker
+
+    def _end(self, kind: str, payload: Any) -> Any:
+        if kind == "error":
+            raise payload
+        self.result = payload
+        return payload.value  # raises TruncatedOutput / InvalidOutput like generate's
+
+
+class _PartialReader:
+    """The partial values of a growing text, each yielded once it differs from the last."""
+
+    def __init__(self, request: GenerationRequest):
+        self.kind = request.plan.kind
+        model = request.plan.constraint.output_model
+        self.partial_type = partial_model(model) if model is not None else None
+        self.json = PartialJson()
+        self.text = ""
+        self.last: Any = NOTHING
+
+    def read(self, delta: str) -> Iterator[Any]:
+        self.text += delta
+        if self.kind == "text":
+            value = self.text
+        else:
+            self.json.feed(delta)
+            value = self._typed()
+        if value is not NOTHING and value != self.last:
+            self.last = value
+            yield value
+
+    def _typed(self) -> Any:
+        value = self.json.value()
+        if self.partial_type is None or value is NOTHING:
+            return value
+        try:
+            return self.partial_type.model_validate(value)
+        except ValidationError:  # the string being written breaks a type: leave it out
+            complete = self.json.complete_value()
+            if complete is NOTHING:
+                return NOTHING
+            try:
+                return self.partial_type.model_validate(complete)
+            except ValidationError:
+                return NOTHING

@@ -1,0 +1,146 @@
+"""The one decoding loop, driven by scripted logits over the real SmolLM2 tokenizer: stop
+tokens, the grammar's end, forced text in the prompt's pass, closing within the budget,
+listeners in step order, deadlines and cancellation."""
+
+from __future__ import annotations
+
+import json
+import time
+from typing import Any
+
+import numpy as np
+import pytest
+
+from formline.backends.base import BackendError
+from formline.constraint import Constraint
+from formline.pipeline.decoding import Sampling, choose_token, decode
+from formline.pipeline.listeners import StepListener
+from scripted import ScriptedEngine
+
+PERSON = {
+    "type": "object",
+    "properties": {"name": {"type": "string"}, "age": {"type": "integer"}},
+    "required": ["name", "age"],
+    "additionalProperties": False,
+}
+ANSWER = '{"name":"Ada Lovelace","age":36}'
+PROMPT = "<|im_start|>user\nWho?<|im_end|>\n<|im_start|>assistant\n"
+
+
+def person_plan(vocabulary: Any) -> Any:
+    return Constraint.of(PERSON).compile(vocabulary)
+
+
+def test_free_text_stops_on_the_stop_token_which_is_not_output(llama_backend: Any) -> None:
+    engine = ScriptedEngine(llama_backend, "Hello there.")
+    result = decode(engine, PROMPT, None, Sampling())
+    assert (result.text, result.finish_reason) == ("Hello there.", "stop")
+    assert result.completion_tokens == len(result.token_ids) == result.forward_passes - 1
+    assert not set(result.token_ids) & llama_backend.vocabulary.eos_ids
+    assert result.step_pressure == {}  # free steps are not measured
+
+
+def test_constrained_output_shares_the_prompt_pass_with_forced_text(llama_backend: Any) -> None:
+    plan = person_plan(llama_backend.vocabulary)
+    engine = ScriptedEngine(llama_backend, ANSWER)
+    result = decode(engine, PROMPT, plan.matcher(), Sampling())
+    assert json.loads(result.text) == {"name": "Ada Lovelace", "age": 36}
+    assert result.finish_reason == "stop"
+    opening = engine.fed[len(engine.tokenize_prompt(PROMPT)) :][:2]
+    assert b"".join(llama_backend.vocabulary.token_bytes[t] for t in opening).startswith(b'{"')
+    assert result.forward_passes_saved == result.extra["jump_forward_tokens"] > 0
+    # The grammar ends on '}': no pass to sample a stop token after it.
+    sampled = result.completion_tokens - result.forward_passes_saved
+    assert sampled == result.forward_passes
+    assert set(result.step_pressure) <= set(range(result.completion_tokens))
+
+
+def test_without_jump_forward_every_token_is_sampled(llama_backend: Any) -> None:
+    plan = person_plan(llama_backend.vocabulary)
+    engine = ScriptedEngine(llama_backend, ANSWER)
+    result = decode(engine, PROMPT, plan.matcher(), Sampling(jump_forward=False))
+    assert result.text == ANSWER and result.forward_passes_saved == 0
+    assert len(result.step_pressure) == result.completion_tokens == result.forward_passes
+
+
+def test_a_looping_model_is_closed_within_the_budget(llama_backend: Any) -> None:
+    schema = {
+        "type": "object",
+        "properties": {"names": {"type": "array", "items": {"type": "string"}}},
+    }
+    schema |= {"required": ["names"], "additionalProperties": False}
+    plan = Constraint.of(schema).compile(llama_backend.vocabulary)
+    looping = '{"names":[' + '"Ada",' * 200
+    result = decode(
+        ScriptedEngine(llama_backend, looping), PROMPT, plan.matcher(), Sampling(max_tokens=40)
+    )
+    assert result.finish_reason == "stop" and result.closing_tokens > 0
+    assert result.completion_tokens <= 40
+    assert json.loads(result.text)["names"][:3] == ["Ada", "Ada", "Ada"]
+
+
+def test_a_refused_continuation_changes_the_output_not_the_guarantee(llama_backend: Any) -> None:
+    plan = person_plan(llama_backend.vocabulary)
+    engine = ScriptedEngine(llama_backend, '{"name":"Ada","age":"36"}')  # a string age
+    result = decode(engine, PROMPT, plan.matcher(), Sampling(max_tokens=30))
+    assert plan.check(json.loads(result.text)) == []
+    assert result.text.startswith('{"name":"Ada","age":')
+
+
+class Recorder(StepListener):
+    def __init__(self) -> None:
+        self.events: list[tuple[str, int]] = []
+
+    def on_logits(self, position: int, logits: Any, matcher: Any, forward_seconds: float) -> None:
+        assert forward_seconds >= 0
+        self.events.append(("logits", position))
+
+    def on_masked(self, position: int, logits: Any, bitmask_row: Any) -> None:
+        self.events.append(("masked", position))
+
+    def on_token(self, position: int, token: int, matcher: Any) -> None:
+        self.events.append(("token", position))
+
+    def on_output(self, output: list[int]) -> str | None:
+        self.events.append(("output", len(output)))
+        return "cancelled" if len(output) >= 3 else None
+
+
+def test_listeners_see_each_step_in_order_and_can_stop_it(llama_backend: Any) -> None:
+    recorder = Recorder()
+    plan = Constraint("regex", "[a-z ]{1,60}").compile(llama_backend.vocabulary)
+    engine = ScriptedEngine(llama_backend, "the quick brown fox jumps over the dog")
+    result = decode(engine, PROMPT, plan.matcher(), Sampling(jump_forward=False), [recorder])
+    assert result.finish_reason == "cancelled" and result.completion_tokens >= 3
+    first = recorder.events[:4]
+    assert first == [("output", 0), ("logits", 0), ("masked", 0), ("token", 0)]
+    assert recorder.events[-1] == ("output", result.completion_tokens)  # the end is shown too
+
+
+def test_a_deadline_and_a_feed_are_listeners_from_sampling(llama_backend: Any) -> None:
+    seen: list[int] = []
+    done = decode(
+        ScriptedEngine(llama_backend, "Hello."), PROMPT, None, Sampling(on_tokens=seen.extend)
+    )
+    assert seen == done.token_ids
+    late = Sampling(deadline=time.monotonic() - 1)
+    assert (
+        decode(ScriptedEngine(llama_backend, "Hello."), PROMPT, None, late).finish_reason
+        == "timeout"
+    )
+
+
+def test_a_prompt_over_the_context_is_refused(llama_backend: Any) -> None:
+    engine = ScriptedEngine(llama_backend, "x", context_size=4)
+    with pytest.raises(BackendError, match="n_ctx"):
+        decode(engine, PROMPT, None, Sampling())
+
+
+def test_choose_token_greedy_sampled_and_refused() -> None:
+    logits = np.array([0.0, 3.0, -np.inf, 1.0], dtype=np.float32)
+    rng = np.random.default_rng(0)
+    assert choose_token(logits, 0.0, 1.0, rng) == 1
+    assert {choose_token(logits, 1.0, 1.0, rng) for _ in range(200)} == {0, 1, 3}
+    assert {choose_token(logits, 1.0, 0.5, rng) for _ in range(50)} == {1}  # top-p nucleus
+    with pytest.raises(RuntimeError, match="no token"):
+        choose_token(np.full(3, -np.inf, dtype=np.float32), 0.0, 1.0, rng)
