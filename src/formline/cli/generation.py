@@ -15,6 +15,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from tqdm import tqdm
+
 from formline.constraint import Choice, Regex
 from formline.pipeline.extract import Failed, extract
 from formline.pipeline.generate import InvalidOutput, TruncatedOutput, backend_for, generate
@@ -99,8 +101,6 @@ def run_generate(arguments: argparse.Namespace) -> int:
 def run_extract(arguments: argparse.Namespace) -> int:
     """One JSON line per input line; lines whose id is already in the output are skipped,
     so an interrupted run resumes where it stopped."""
-    from tqdm import tqdm
-
     rows = _read_jsonl(Path(arguments.input))
     output_path = Path(arguments.output)
     done = {row.get("id") for row in _read_jsonl(output_path)} if output_path.exists() else set()

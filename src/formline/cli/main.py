@@ -12,12 +12,14 @@ cut off at max tokens, 5 output failed the after-check (see :mod:`.generation`).
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 import time
 from pathlib import Path
 
 import numpy as np
 
+from formline.backends.base import BackendError
 from formline.cli.generation import EXIT_BACKEND
 from formline.cli.generation import register as register_generation
 from formline.evaluation.cli import register as register_evaluation
@@ -28,9 +30,12 @@ from formline.mask import (
     apply_token_bitmask_inplace,
     compile_grammar,
 )
+from formline.schema import compile_schema, schema_of
+from formline.schema.lint import lint_schema
 from formline.server.cli import register as register_serve
 from formline.trace.cli import register as register_trace
 from formline.vocab import Vocabulary
+from formline.vocab.fixtures import fixture_path
 
 DEMO_PATTERN = r'\{"name":"[A-Z][a-z]+( [A-Z][a-z]+)*","age":(0|[1-9][0-9]{0,2})\}'
 DEMO_WISH = 'Sure! Here is the JSON:\n```json\n{"name": "Ada Lovelace", "age": "thirty-six"}\n```'
@@ -39,8 +44,6 @@ DEMO_WISH = 'Sure! Here is the JSON:\n```json\n{"name": "Ada Lovelace", "age": "
 def _load_vocabulary(path: str | None) -> Vocabulary:
     if path:
         return Vocabulary.from_gguf(path)
-    from formline.vocab.fixtures import fixture_path
-
     return Vocabulary.from_gguf(fixture_path("smollm2"))
 
 
@@ -122,8 +125,6 @@ def run_compile(arguments: argparse.Namespace) -> int:
 
 def _compile_schema(arguments: argparse.Namespace) -> int:
     """Compile a JSON Schema file and print the keyword report and the compile cost."""
-    from formline.schema import compile_schema, schema_of
-
     schema = schema_of(Path(arguments.schema).read_text(encoding="utf-8"))
     vocabulary = _load_vocabulary(arguments.vocabulary)
     compiled = compile_schema(
@@ -141,10 +142,6 @@ def _compile_schema(arguments: argparse.Namespace) -> int:
 
 def run_lint(arguments: argparse.Namespace) -> int:
     """Lint a JSON Schema file: one line per finding (or a JSON array); 1 if any is an error."""
-    import json
-
-    from formline.schema.lint import lint_schema
-
     text = Path(arguments.schema).read_text(encoding="utf-8")
     findings = lint_schema(text, provider=arguments.provider)
     if arguments.json:
@@ -191,8 +188,6 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from formline.backends.base import BackendError
-
     arguments = build_parser().parse_args(argv)
     try:
         return int(arguments.handler(arguments))

@@ -17,6 +17,9 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
+from jsonschema import Draft202012Validator
+from tqdm import tqdm
+
 from formline.evaluation.scoring import parse_output, score_task, summarize
 from formline.evaluation.variants import Variant
 from formline.mask.compiler import clear_memory_cache
@@ -55,8 +58,6 @@ def load_tasks(path: str | Path, limit: int | None = None) -> list[dict[str, Any
 
 def is_valid(schema: dict[str, Any], value: Any) -> bool:
     """Whether ``value`` validates against ``schema`` (Draft 2020-12, formats checked)."""
-    from jsonschema import Draft202012Validator
-
     validator = Draft202012Validator(schema, format_checker=Draft202012Validator.FORMAT_CHECKER)
     return bool(validator.is_valid(value))
 
@@ -208,8 +209,6 @@ def run_all(
 ) -> dict[str, list[dict[str, Any]]]:
     """Every task under every variant, task by task (a tqdm bar over task x variant).
     Returns variant name -> records in task order."""
-    from tqdm import tqdm
-
     records: dict[str, list[dict[str, Any]]] = {variant.name: [] for variant in variants}
     bar = tqdm(total=len(tasks) * len(variants), disable=not progress, unit="run")
     for task in tasks:

@@ -452,6 +452,19 @@ cdef class NativeTokenTable:
         return self.table.trie.max_depth
 
 
+cdef void _flatten_configuration(object stacks, vector[int32_t]& flat):
+    """Append a configuration (a frozenset of state tuples) to ``flat`` as the kernel reads
+    it: per stack, its length then its states (bottom first)."""
+    cdef tuple states
+    cdef Py_ssize_t size, index
+    for stack in stacks:
+        states = <tuple>stack
+        size = len(states)
+        flat.push_back(<int32_t>size)
+        for index in range(size):
+            flat.push_back(<int32_t>states[index])
+
+
 cdef class NativeMaskKernel:
     """Lazy per-state masks of one compiled grammar: a state's walk of the trie runs the first
     time a configuration reaches it, then is cached (bounded by ``cache_limit_bytes``)."""
@@ -503,15 +516,8 @@ cdef class NativeMaskKernel:
         if out.shape[0] < self.words:
             raise ValueError(f"the output has {out.shape[0]} words, the mask needs {self.words}")
         cdef vector[int32_t] flat
-        cdef tuple states
-        cdef Py_ssize_t size, index
         cdef int status
-        for stack in stacks:
-            states = <tuple>stack
-            size = len(states)
-            flat.push_back(<int32_t>size)
-            for index in range(size):
-                flat.push_back(<int32_t>states[index])
+        _flatten_configuration(stacks, flat)
         cdef int32_t empty = 0
         cdef const int32_t* flat_pointer = flat.data() if flat.size() else &empty
         with nogil:
@@ -529,14 +535,7 @@ cdef class NativeMaskKernel:
         cdef object value  # typed: an inferred C int would be a temporary at SET_ITEM
         cdef const uint8_t* pointer = <const uint8_t*>data
         cdef int32_t length = len(data)
-        cdef tuple states
-        cdef Py_ssize_t size, index
-        for stack in stacks:
-            states = <tuple>stack
-            size = len(states)
-            flat.push_back(<int32_t>size)
-            for index in range(size):
-                flat.push_back(<int32_t>states[index])
+        _flatten_configuration(stacks, flat)
         with nogil:
             status = self.kernel.advance(flat.data(), flat.size(), pointer, length, out)
         if status == STACK_LIMIT_EXCEEDED:

@@ -13,6 +13,7 @@ import os
 from dataclasses import dataclass, field
 from typing import Any
 
+from jsonschema.validators import Draft202012Validator, validator_for
 from referencing.exceptions import Unresolvable
 
 from formline.grammar.budget import CompileBudget, CompileLimitError, Deadline
@@ -240,7 +241,5 @@ def _validator(schema: dict[str, Any] | bool) -> Any:
     """The schema's own draft validator with that draft's format checker (a bare
     ``FormatChecker()`` mixes drafts: its "time" is draft 3's ``%H:%M:%S``, which refuses
     ``08:30:06Z``)."""
-    from jsonschema.validators import Draft202012Validator, validator_for
-
     cls = validator_for(schema, default=Draft202012Validator)
     return cls(schema, format_checker=cls.FORMAT_CHECKER)

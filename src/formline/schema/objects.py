@@ -14,6 +14,8 @@ from __future__ import annotations
 import re
 from typing import TYPE_CHECKING, Any
 
+from jsonschema import Draft202012Validator
+
 from formline.grammar.ir import EMPTY, GrammarError, Literal, Node, RuleReference, expanded_size
 from formline.schema.json_text import (
     NOTHING,
@@ -154,8 +156,6 @@ class _Members:
         names_schema = self.schema.get("propertyNames")
         if names_schema is None:
             return set(names)
-        from jsonschema import Draft202012Validator
-
         if isinstance(names_schema, dict) and "$ref" in str(names_schema):
             return set(names)  # the after-check validates them
         validator = Draft202012Validator(names_schema)

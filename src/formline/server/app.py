@@ -1,6 +1,7 @@
-"""The FastAPI app of ``formline serve``: an OpenAI-compatible chat completions endpoint.
+"""The FastAPI app of ``formline serve``: OpenAI-compatible Chat Completions and Responses.
 
-Routes: ``GET /health``, ``GET /v1/models``, ``POST /v1/chat/completions``, ``POST /trace``
+Routes: ``GET /health``, ``GET /v1/models``, ``POST /v1/chat/completions``,
+``POST /v1/responses`` (:mod:`.responses_requests`, :mod:`.responses_output`), ``POST /trace``
 (:mod:`.tracing`). Every error is OpenAI's error object: 4xx for bad input (:class:`ApiError`,
 and unknown routes), 500 only for a real fault, which is logged with its traceback. With
 ``api_key`` set, every route but ``GET /health`` needs ``Authorization: Bearer <api_key>``
@@ -28,7 +29,9 @@ from formline.server.engine import Engine
 from formline.server.errors import ApiError, error_body
 from formline.server.requests import parse_body, parse_chat_request
 from formline.server.responses import completion_body
-from formline.server.streaming import stream_request
+from formline.server.responses_output import ResponseEventWriter, response_body
+from formline.server.responses_requests import parse_responses_request
+from formline.server.streaming import ChunkWriter, stream_request
 from formline.server.tracing import parse_trace_request, trace_page
 
 log = logging.getLogger("formline.server")
@@ -62,18 +65,25 @@ def create_app(engine: Engine, api_key: str | None = None) -> FastAPI:
     async def chat_completions(request: Request) -> JSONResponse | StreamingResponse:
         body = parse_body(await request.body(), engine.limits)
         chat = parse_chat_request(body, engine.limits)
-        if chat.model != engine.model_id:
-            raise ApiError(
-                f"the model {chat.model!r} does not exist; this server serves {engine.model_id!r}",
-                status=404,
-                param="model",
-                code="model_not_found",
-            )
+        _check_model(chat.model, engine)
         if chat.stream:
-            events = await stream_request(engine, chat)
+            writer = ChunkWriter(engine.model_id, chat.include_usage)
+            events = await stream_request(engine, chat, writer)
             return StreamingResponse(events, media_type="text/event-stream")
         completion = await run_in_threadpool(engine.complete, chat)
         return JSONResponse(completion_body(completion, engine.model_id))
+
+    @app.post("/v1/responses", response_model=None)
+    async def responses(request: Request) -> JSONResponse | StreamingResponse:
+        body = parse_body(await request.body(), engine.limits)
+        checked = parse_responses_request(body, engine.limits)
+        _check_model(checked.chat.model, engine)
+        if checked.chat.stream:
+            writer = ResponseEventWriter(checked, engine.model_id)
+            events = await stream_request(engine, checked.chat, writer)
+            return StreamingResponse(events, media_type="text/event-stream")
+        completion = await run_in_threadpool(engine.complete, checked.chat)
+        return JSONResponse(response_body(checked, completion, engine.model_id))
 
     @app.post("/trace", response_model=None)
     async def trace(request: Request) -> HTMLResponse:
@@ -84,6 +94,16 @@ def create_app(engine: Engine, api_key: str | None = None) -> FastAPI:
         return HTMLResponse(await run_in_threadpool(trace_page, engine, checked))
 
     return app
+
+
+def _check_model(model: str, engine: Engine) -> None:
+    if model != engine.model_id:
+        raise ApiError(
+            f"the model {model!r} does not exist; this server serves {engine.model_id!r}",
+            status=404,
+            param="model",
+            code="model_not_found",
+        )
 
 
 def _install_error_handlers(app: FastAPI) -> None:

@@ -30,10 +30,15 @@ def parse_messages(messages: Any) -> list[dict[str, str]]:
     """
     if not isinstance(messages, list) or not messages:
         raise ApiError("'messages' must be a non-empty list", param="messages", code="invalid_type")
-    return [_message(message, f"messages[{index}]") for index, message in enumerate(messages)]
+    return [parse_message(message, f"messages[{index}]") for index, message in enumerate(messages)]
 
 
-def _message(message: Any, where: str) -> dict[str, str]:
+def parse_message(message: Any, where: str) -> dict[str, str]:
+    """One message (at ``where`` in the request) as ``{"role", "content"}`` strings.
+
+    Raises:
+        ApiError: 400 naming the field at fault (see :func:`parse_messages`).
+    """
     if not isinstance(message, dict):
         raise ApiError(f"{where} must be an object", param=where, code="invalid_type")
     role = message.get("role")
@@ -47,7 +52,7 @@ def _message(message: Any, where: str) -> dict[str, str]:
             raise ApiError(
                 f"{where}.{key} must be a string", param=f"{where}.{key}", code="invalid_type"
             )
-    content = _content(message.get("content"), f"{where}.content")
+    content = parse_content(message.get("content"), f"{where}.content")
     calls = _tool_calls(message.get("tool_calls"), role, f"{where}.tool_calls")
     if calls:
         content = (content + "\n" if content else "") + calls
@@ -68,7 +73,12 @@ def _tool_calls(calls: Any, role: str, where: str) -> str:
     return _calls_text(calls, where)
 
 
-def _content(content: Any, where: str) -> str:
+def parse_content(content: Any, where: str) -> str:
+    """A message's content (a string, ``null`` or a list of text parts) as one string.
+
+    Raises:
+        ApiError: 400 naming ``where`` (or the part at fault).
+    """
     if content is None or isinstance(content, str):
         return content or ""
     if not isinstance(content, list):
@@ -104,21 +114,31 @@ def _calls_text(calls: list[Any], where: str) -> str:
             raise ApiError(
                 f"{at}.function must be an object", param=f"{at}.function", code="invalid_type"
             )
-        name = function.get("name")
-        if not isinstance(name, str) or not name:
-            raise ApiError(
-                f"{at}.function.name must be a non-empty string", param=f"{at}.function.name",
-                code="invalid_type",
-            )  # fmt: skip
-        arguments = function.get("arguments")
-        if arguments is not None and not isinstance(arguments, str):
-            raise ApiError(
-                f"{at}.function.arguments must be a string of JSON",
-                param=f"{at}.function.arguments", code="invalid_type",
-            )  # fmt: skip
-        value = load_json(arguments or "{}", f"{at}.function.arguments")
-        written.append(json.dumps({"name": name, "arguments": value}, ensure_ascii=False))
+        written.append(
+            call_text(
+                function.get("name"), function.get("arguments"), f"{at}.function.name",
+                f"{at}.function.arguments",
+            )
+        )  # fmt: skip
     return "\n".join(written)
+
+
+def call_text(name: Any, arguments: Any, name_at: str, arguments_at: str) -> str:
+    """An earlier call as formline writes it, ``{"name", "arguments"}`` in one line of JSON;
+    ``name_at`` and ``arguments_at`` name the two fields in errors.
+
+    Raises:
+        ApiError: 400 for a name that is not a non-empty string, or arguments that are not
+            a string of JSON.
+    """
+    if not isinstance(name, str) or not name:
+        raise ApiError(f"{name_at} must be a non-empty string", param=name_at, code="invalid_type")
+    if arguments is not None and not isinstance(arguments, str):
+        raise ApiError(
+            f"{arguments_at} must be a string of JSON", param=arguments_at, code="invalid_type"
+        )
+    value = load_json(arguments or "{}", arguments_at)
+    return json.dumps({"name": name, "arguments": value}, ensure_ascii=False)
 
 
 def load_json(text: str | bytes, param: str | None) -> Any:

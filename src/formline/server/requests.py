@@ -11,6 +11,7 @@ anything else is a 400 naming the field, never silently dropped. A field whose v
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -122,15 +123,42 @@ def parse_chat_request(body: dict[str, Any], limits: Limits) -> ChatRequest:
             ``param``).
     Costs O(size of the body) plus one ``json.dumps`` of each schema (its size limit).
     """
-    _refuse_unknown(body)
+    refuse_unknown(body, HONOURED, IGNORED, NEUTRAL)
     if not isinstance(body.get("model"), str):
         raise ApiError("'model' is required (a string)", param="model", code="missing_required")
     max_tokens = _max_tokens(body, limits)
-    n = _integer(body, "n", 1, 1, limits.max_n)
-    stream = _boolean(body, "stream", False)
-    include_usage = _stream_options(body, stream)
+    n = read_integer(body, "n", 1, 1, limits.max_n)
+    stream = read_boolean(body, "stream", False)
+    include_usage = read_stream_option(body, stream, "include_usage")
     tools, tool_choice, named = _tools(body, limits)
     constraint = _constraint(body, limits)
+    refuse_two_constraints(tool_choice, constraint)
+    return ChatRequest(
+        model=body["model"],
+        messages=parse_messages(body.get("messages")),
+        constraint=constraint,
+        max_tokens=max_tokens,
+        temperature=read_number(body, "temperature", 1.0, 0.0, 2.0),
+        top_p=read_number(body, "top_p", 1.0, 0.0, 1.0),
+        seed=read_integer(body, "seed", None, *SEED_RANGE),
+        n=n if n is not None else 1,
+        stream=stream,
+        include_usage=include_usage,
+        tools=tools,
+        tool_choice=tool_choice,
+        named_tool=named,
+        parallel_tool_calls=read_boolean(body, "parallel_tool_calls", True),
+        max_tool_calls=limits.max_tool_calls,
+    )
+
+
+def refuse_two_constraints(tool_choice: str, constraint: Constraint) -> None:
+    """A 400 when tools (a ``tool_choice`` other than ``none``) and an output format both
+    constrain one answer.
+
+    Raises:
+        ApiError: 400 (code ``conflicting_constraints``, param ``tool_choice``).
+    """
     if tool_choice != "none" and constraint.kind != "text":
         raise ApiError(
             f"tools with tool_choice {tool_choice!r} and {constraint.source} both constrain "
@@ -138,59 +166,54 @@ def parse_chat_request(body: dict[str, Any], limits: Limits) -> ChatRequest:
             param="tool_choice",
             code="conflicting_constraints",
         )
-    return ChatRequest(
-        model=body["model"],
-        messages=parse_messages(body.get("messages")),
-        constraint=constraint,
-        max_tokens=max_tokens,
-        temperature=_number(body, "temperature", 1.0, 0.0, 2.0),
-        top_p=_number(body, "top_p", 1.0, 0.0, 1.0),
-        seed=_integer(body, "seed", None, *SEED_RANGE),
-        n=n if n is not None else 1,
-        stream=stream,
-        include_usage=include_usage,
-        tools=tools,
-        tool_choice=tool_choice,
-        named_tool=named,
-        parallel_tool_calls=_boolean(body, "parallel_tool_calls", True),
-        max_tool_calls=limits.max_tool_calls,
-    )
 
 
-def _refuse_unknown(body: dict[str, Any]) -> None:
+def refuse_unknown(
+    body: dict[str, Any],
+    honoured: frozenset[str],
+    ignored: frozenset[str],
+    neutral: dict[str, tuple[Any, ...]],
+) -> None:
+    """A 400 for the first field of ``body`` that is neither ``honoured``, ``ignored`` nor
+    at its ``neutral`` value (a boolean neutral value matches only a boolean)."""
     for key, value in body.items():
-        if key in HONOURED or key in IGNORED:
+        if key in honoured or key in ignored:
             continue
-        if key in NEUTRAL:
-            if _is_neutral(key, value):
+        if key in neutral:
+            if _is_neutral(value, neutral[key]):
                 continue
-            raise unsupported(key, f"only {NEUTRAL[key][0]!r} (no effect) is accepted")
+            raise unsupported(key, f"only {neutral[key][0]!r} (no effect) is accepted")
         raise unsupported(key, "it is not a field formline knows (not silently ignored)")
 
 
-def _is_neutral(key: str, value: Any) -> bool:
-    if key == "logprobs":
-        return value is False
-    return not isinstance(value, bool) and value in NEUTRAL[key]
+def _is_neutral(value: Any, accepted: tuple[Any, ...]) -> bool:
+    if isinstance(value, bool) or any(isinstance(option, bool) for option in accepted):
+        return any(value is option for option in accepted)
+    return value in accepted
 
 
-def _stream_options(body: dict[str, Any], stream: bool) -> bool:
-    """``stream_options.include_usage`` (only with ``stream: true``, as OpenAI says)."""
+def read_stream_option(body: dict[str, Any], stream: bool, option: str) -> bool:
+    """``stream_options.<option>``, the one option the API has here (only with
+    ``stream: true``, as OpenAI says); false when absent.
+
+    Raises:
+        ApiError: 400 for another option, a value that is not a boolean, or no stream.
+    """
     if "stream_options" not in body:
         return False
     options = body["stream_options"]
-    if not isinstance(options, dict) or set(options) - {"include_usage"}:
-        raise unsupported("stream_options", "only {'include_usage': bool} is supported")
+    if not isinstance(options, dict) or set(options) - {option}:
+        raise unsupported("stream_options", f"only {{{option!r}: bool}} is supported")
     if not stream:
         raise ApiError(
             "stream_options needs stream: true", param="stream_options", code="invalid_value"
         )
-    return _boolean(options, "include_usage", False, "stream_options.include_usage")
+    return read_boolean(options, option, False, f"stream_options.{option}")
 
 
 def _max_tokens(body: dict[str, Any], limits: Limits) -> int:
     key = "max_completion_tokens" if "max_completion_tokens" in body else "max_tokens"
-    value = _integer(body, key, limits.default_max_tokens, 1, None)
+    value = read_integer(body, key, limits.default_max_tokens, 1, None)
     assert value is not None
     if key == "max_completion_tokens" and body.get("max_tokens", value) != value:
         raise ApiError(
@@ -206,7 +229,7 @@ def _max_tokens(body: dict[str, Any], limits: Limits) -> int:
     return value
 
 
-def _integer(
+def read_integer(
     body: dict[str, Any], key: str, default: int | None, low: int, high: int | None
 ) -> int | None:
     value = body.get(key, default)
@@ -220,7 +243,7 @@ def _integer(
     return value
 
 
-def _number(body: dict[str, Any], key: str, default: float, low: float, high: float) -> float:
+def read_number(body: dict[str, Any], key: str, default: float, low: float, high: float) -> float:
     value = body.get(key, default)
     if isinstance(value, bool) or not isinstance(value, int | float):
         raise ApiError(f"{key!r} must be a number", param=key, code="invalid_type")
@@ -233,14 +256,14 @@ def _number(body: dict[str, Any], key: str, default: float, low: float, high: fl
     return float(value)
 
 
-def _optional_boolean(value: Any, param: str) -> bool | None:
+def read_optional_boolean(value: Any, param: str) -> bool | None:
     """``value`` when it is a boolean or absent (``None``); else a 400 naming ``param``."""
     if value is not None and not isinstance(value, bool):
         raise ApiError(f"{param} must be true or false", param=param, code="invalid_type")
     return value
 
 
-def _boolean(body: dict[str, Any], key: str, default: bool, param: str | None = None) -> bool:
+def read_boolean(body: dict[str, Any], key: str, default: bool, param: str | None = None) -> bool:
     value = body.get(key, default)
     if not isinstance(value, bool):
         where = param or key
@@ -248,14 +271,14 @@ def _boolean(body: dict[str, Any], key: str, default: bool, param: str | None = 
     return value
 
 
-def _string(value: Any, param: str, allow_empty: bool = True) -> str:
+def read_string(value: Any, param: str, allow_empty: bool = True) -> str:
     if not isinstance(value, str) or (not value and not allow_empty):
         kind = "a string" if allow_empty else "a non-empty string"
         raise ApiError(f"{param} must be {kind}", param=param, code="invalid_type")
     return value
 
 
-def _schema(value: Any, param: str, limits: Limits) -> dict[str, Any] | bool:
+def read_schema(value: Any, param: str, limits: Limits) -> dict[str, Any] | bool:
     schema = load_json(value, param) if isinstance(value, str) else value
     if not isinstance(schema, dict | bool):
         raise ApiError(f"{param} must be a JSON Schema object", param=param, code="invalid_schema")
@@ -297,39 +320,68 @@ def _constraint(body: dict[str, Any], limits: Limits) -> Constraint:
     return found[0] if found else Constraint()
 
 
-def _response_format(value: Any, limits: Limits) -> Constraint:
-    param = "response_format"
+def read_format_type(value: Any, param: str, keys: dict[str, set[str]]) -> str:
+    """The ``type`` of an output format object at ``param``: one of ``keys``, whose value
+    is the set of fields that type may have.
+
+    Raises:
+        ApiError: 400 for a value that is not an object, an unknown type, another field.
+    """
     if not isinstance(value, dict):
         raise ApiError(f"{param} must be an object", param=param, code="invalid_type")
     kind = value.get("type")
-    if not isinstance(kind, str) or kind not in RESPONSE_FORMAT_KEYS:
+    if not isinstance(kind, str) or kind not in keys:
         raise unsupported(f"{param}.type", f"{kind!r}; use text, json_object or json_schema")
-    extra = set(value) - RESPONSE_FORMAT_KEYS[kind]
+    extra = set(value) - keys[kind]
     if extra:
         raise unsupported(f"{param}.{sorted(extra)[0]}", f"not a field of type {kind!r}")
+    return kind
+
+
+def _response_format(value: Any, limits: Limits) -> Constraint:
+    param = "response_format"
+    kind = read_format_type(value, param, RESPONSE_FORMAT_KEYS)
     if kind == "text":
         return Constraint(source=param)
     if kind == "json_object":
-        return _json("json_object", None, True, param)
+        return json_constraint("json_object", None, True, param)
     spec = value.get("json_schema")
-    if not isinstance(spec, dict) or "schema" not in spec:
+    if not isinstance(spec, dict):
         raise ApiError(
             "response_format.json_schema needs a 'schema'",
             param=f"{param}.json_schema.schema",
             code="missing_required",
         )
-    extra = set(spec) - {"name", "schema", "strict", "description"}
+    return read_json_schema_format(spec, f"{param}.json_schema", set(), limits)
+
+
+def read_json_schema_format(
+    spec: dict[str, Any], param: str, others: set[str], limits: Limits
+) -> Constraint:
+    """A ``json_schema`` format (``name``, ``schema``, ``strict``, ``description``, plus
+    ``others`` allowed beside them) as a constraint; ``param`` names ``spec`` in errors.
+
+    Raises:
+        ApiError: 400 for a missing schema, an unknown field or a field of the wrong type.
+    """
+    if "schema" not in spec:
+        raise ApiError(
+            f"{param} needs a 'schema'", param=f"{param}.schema", code="missing_required"
+        )
+    extra = set(spec) - {"name", "schema", "strict", "description"} - others
     if extra:
-        raise unsupported(f"{param}.json_schema.{sorted(extra)[0]}", "not a json_schema field")
+        raise unsupported(f"{param}.{sorted(extra)[0]}", "not a json_schema field")
     for key in ("name", "description"):
         if spec.get(key) is not None:
-            _string(spec[key], f"{param}.json_schema.{key}")
-    strict = _optional_boolean(spec.get("strict"), f"{param}.json_schema.strict")
-    param = f"{param}.json_schema.schema"
-    return _json("json_schema", _schema(spec["schema"], param, limits), bool(strict), param)
+            read_string(spec[key], f"{param}.{key}")
+    strict = read_optional_boolean(spec.get("strict"), f"{param}.strict")
+    where = f"{param}.schema"
+    return json_constraint(
+        "json_schema", read_schema(spec["schema"], where, limits), bool(strict), where
+    )
 
 
-def _json(kind: str, schema: Any, strict: bool, param: str) -> Constraint:
+def json_constraint(kind: str, schema: Any, strict: bool, param: str) -> Constraint:
     """A JSON constraint as the server compiles it: open objects closed where that narrows
     (vLLM's xgrammar default, :mod:`formline.schema.closing`); ``strict`` false checks an
     unsupported keyword after decoding."""
@@ -338,11 +390,11 @@ def _json(kind: str, schema: Any, strict: bool, param: str) -> Constraint:
 
 def _guided(key: str, value: Any, param: str, limits: Limits) -> Constraint:
     if key == "json":
-        return _json("json_schema", _schema(value, param, limits), True, param)
+        return json_constraint("json_schema", read_schema(value, param, limits), True, param)
     if key == "json_object":
         if value is not True:
             raise ApiError(f"{param} must be true", param=param, code="invalid_type")
-        return _json("json_object", None, True, param)
+        return json_constraint("json_object", None, True, param)
     if key == "choice":
         if not isinstance(value, list) or not value or not all(isinstance(v, str) for v in value):
             raise ApiError(
@@ -350,7 +402,7 @@ def _guided(key: str, value: Any, param: str, limits: Limits) -> Constraint:
             )
         size = sum(len(option.encode()) for option in value)
     else:
-        size = len(_string(value, param, allow_empty=False).encode())
+        size = len(read_string(value, param, allow_empty=False).encode())
     if size > limits.max_schema_bytes:
         raise ApiError(
             f"{param} has {size} bytes; the limit is {limits.max_schema_bytes}",
@@ -364,41 +416,64 @@ def _tools(body: dict[str, Any], limits: Limits) -> tuple[list[Tool], str, str |
     if not isinstance(entries, list):
         raise ApiError("tools must be a list", param="tools", code="invalid_type")
     tools = [_tool(entry, f"tools[{index}]", limits) for index, entry in enumerate(entries)]
-    _refuse_duplicate_names(tools)
+    refuse_duplicate_names(tools)
+    return (tools, *read_tool_choice(body, tools, _named_tool))
+
+
+def read_tool_choice(
+    body: dict[str, Any],
+    tools: list[Tool],
+    read_named: Callable[[dict[str, Any], list[Tool]], str],
+) -> tuple[str, str | None]:
+    """``tool_choice`` (``auto`` with tools, else ``none``, when absent) and the tool it
+    names; ``read_named`` reads an object choice (the two APIs spell it differently).
+
+    Raises:
+        ApiError: 400 for an unknown choice, or a choice other than ``none`` without tools.
+    """
     choice = body.get("tool_choice", "auto" if tools else "none")
     named = None
     if isinstance(choice, dict):
-        named, choice = _named_tool(choice, tools), "named"
+        named, choice = read_named(choice, tools), "named"
     elif not isinstance(choice, str) or choice not in TOOL_CHOICES:
         raise unsupported("tool_choice", f"{choice!r}; use none, auto, required or a function")
     if choice != "none" and not tools:
         raise ApiError(
             f"tool_choice {choice!r} needs tools", param="tool_choice", code="invalid_value"
         )
-    return tools, choice, named
+    return choice, named
 
 
 def _named_tool(choice: dict[str, Any], tools: list[Tool]) -> str:
     function = choice.get("function")
     if choice.get("type") != "function" or not isinstance(function, dict):
         raise unsupported("tool_choice", "use none, auto, required or a named function")
-    name = _string(function.get("name"), "tool_choice.function.name")
+    return check_tool_named(function.get("name"), tools, "tool_choice.function.name")
+
+
+def check_tool_named(name: Any, tools: list[Tool], param: str) -> str:
+    """``name``, when it is a string naming one of ``tools``; else a 400 naming ``param``."""
+    name = read_string(name, param)
     if name not in {tool.name for tool in tools}:
         raise ApiError(
-            f"tool_choice names {name!r}, not in tools", param="tool_choice.function.name",
-            code="invalid_value",
-        )  # fmt: skip
+            f"tool_choice names {name!r}, not in tools", param=param, code="invalid_value"
+        )
     return name
 
 
-def _refuse_duplicate_names(tools: list[Tool]) -> None:
+def refuse_duplicate_names(tools: list[Tool], name_field: str = "function.name") -> None:
+    """A 400 naming ``tools[i].<name_field>`` when two tools share a name.
+
+    Raises:
+        ApiError: 400 (code ``duplicate_tool_name``).
+    """
     first: dict[str, int] = {}
     for index, tool in enumerate(tools):
         if tool.name in first:
             raise ApiError(
                 f"tools[{first[tool.name]}] and tools[{index}] are both named {tool.name!r}: "
                 "a call could not say which one it means",
-                param=f"tools[{index}].function.name",
+                param=f"tools[{index}].{name_field}",
                 code="duplicate_tool_name",
             )
         first[tool.name] = index
@@ -412,16 +487,27 @@ def _tool(entry: Any, param: str, limits: Limits) -> Tool:
         raise ApiError(
             f"{param}.function must be an object", param=f"{param}.function", code="invalid_type"
         )
-    name = _string(function.get("name"), f"{param}.function.name", allow_empty=False)
+    return read_function(function, f"{param}.function", False, limits)
+
+
+def read_function(function: dict[str, Any], param: str, strict: bool, limits: Limits) -> Tool:
+    """A function's ``name``, ``description``, ``parameters`` and ``strict`` (``strict`` when
+    absent) as a :class:`Tool`; ``param`` names ``function`` in errors.
+
+    Raises:
+        ApiError: 400 for a missing name, a field of the wrong type, a schema that is not an
+            object or is over ``limits.max_schema_bytes``.
+    """
+    name = read_string(function.get("name"), f"{param}.name", allow_empty=False)
     description = function.get("description")
     if description is not None:
-        _string(description, f"{param}.function.description")
-    strict = _optional_boolean(function.get("strict"), f"{param}.function.strict")
+        read_string(description, f"{param}.description")
+    given = read_optional_boolean(function.get("strict"), f"{param}.strict")
     parameters = function.get("parameters")
     if parameters is None:
         parameters = {"type": "object", "properties": {}, "additionalProperties": False}
-    where = f"{param}.function.parameters"
-    schema = _schema(parameters, where, limits)
+    where = f"{param}.parameters"
+    schema = read_schema(parameters, where, limits)
     if not isinstance(schema, dict):
         raise ApiError(f"{where} must be an object schema", param=where, code="invalid_schema")
-    return Tool(name, description or "", schema, bool(strict))
+    return Tool(name, description or "", schema, strict if given is None else given)

@@ -28,7 +28,7 @@ import threading
 import time
 import uuid
 from collections.abc import AsyncIterator, Callable
-from typing import Any
+from typing import Any, Protocol
 
 from fastapi.concurrency import run_in_threadpool
 
@@ -44,13 +44,34 @@ log = logging.getLogger("formline.server")
 DONE = "data: [DONE]\n\n"
 
 
+class EventWriter(Protocol):
+    """Writes one API's server-sent events (Chat Completions chunks, Responses events);
+    each method returns the text of zero or more events, written in order."""
+
+    def opening(self, index: int) -> str: ...
+
+    def content(self, index: int, text: str) -> str: ...
+
+    def arguments(self, index: int, text: str, call_id: str, name: str | None) -> str: ...
+
+    def calls(self, index: int, calls: list[dict[str, Any]]) -> str: ...
+
+    def closing(self, index: int, choice: ChoiceOutput) -> str: ...
+
+    def end(self, completion: Completion) -> str: ...
+
+    def error(self, error: BaseException) -> str: ...
+
+
 class ChunkWriter:
-    """Server-sent events of one completion: chunks sharing an id, usage, errors."""
+    """Chat Completions' events: ``chat.completion.chunk`` objects sharing an id, the usage
+    chunk, errors, then ``[DONE]``."""
 
     def __init__(self, model: str, include_usage: bool):
         self.base: dict[str, Any] = {"id": new_id(), "object": "chat.completion.chunk"}
         self.base.update({"created": int(time.time()), "model": model})
         self.include_usage = include_usage
+        self.calling: set[int] = set()  # choices whose call has had its first delta
 
     def chunk(
         self,
@@ -66,19 +87,48 @@ class ChunkWriter:
             chunk["usage"] = None
         return f"data: {json.dumps(chunk, ensure_ascii=False)}\n\n"
 
-    def usage(self, completion: Completion) -> str:
-        """The usage chunk (``stream_options.include_usage``)."""
-        chunk = {**self.base, "choices": [], "usage": usage(completion)}
-        return f"data: {json.dumps(chunk)}\n\n"
+    def opening(self, index: int) -> str:
+        return self.chunk(index, {"role": "assistant", "content": ""})
 
-    @staticmethod
-    def error(error: BaseException) -> str:
-        """An error event in OpenAI's error shape."""
-        if isinstance(error, ApiError):
-            body = error.body()
-        else:
-            body = error_body(f"internal server error: {type(error).__name__}", "server_error")
-        return f"data: {json.dumps(body, ensure_ascii=False)}\n\n"
+    def content(self, index: int, text: str) -> str:
+        return self.chunk(index, {"content": text})
+
+    def arguments(self, index: int, text: str, call_id: str, name: str | None) -> str:
+        call: dict[str, Any] = {"index": 0, "function": {"arguments": text}}
+        if index not in self.calling:  # OpenAI's first delta of a call names it
+            self.calling.add(index)
+            call = {"index": 0, "id": call_id, "type": "function"}
+            call["function"] = {"name": name, "arguments": text}
+        return self.chunk(index, {"tool_calls": [call]})
+
+    def calls(self, index: int, calls: list[dict[str, Any]]) -> str:
+        return "".join(
+            self.chunk(index, {"tool_calls": [{"index": position, **call}]})
+            for position, call in enumerate(calls)
+        )
+
+    def closing(self, index: int, choice: ChoiceOutput) -> str:
+        extra = {"formline_errors": choice.errors} if choice.errors else None
+        return self.chunk(index, {}, choice.finish_reason, extra)
+
+    def end(self, completion: Completion) -> str:
+        """The usage chunk (``stream_options.include_usage``), then ``[DONE]``."""
+        if not self.include_usage:
+            return DONE
+        chunk = {**self.base, "choices": [], "usage": usage(completion)}
+        return f"data: {json.dumps(chunk)}\n\n{DONE}"
+
+    def error(self, error: BaseException) -> str:
+        """An error event in OpenAI's error shape, then ``[DONE]``."""
+        return f"data: {json.dumps(error_object(error), ensure_ascii=False)}\n\n{DONE}"
+
+
+def error_object(error: BaseException) -> dict[str, Any]:
+    """OpenAI's error body for ``error``: its own for an :class:`ApiError`, else a server
+    fault that names only the exception's type."""
+    if isinstance(error, ApiError):
+        return error.body()
+    return error_body(f"internal server error: {type(error).__name__}", "server_error")
 
 
 class ChoiceStream:
@@ -91,7 +141,7 @@ class ChoiceStream:
         index: int,
         plan: Plan,
         vocabulary: Vocabulary,
-        writer: ChunkWriter,
+        writer: EventWriter,
         emit: Callable[[str], bool],
     ):
         self.index, self.plan, self.writer, self.emit = index, plan, writer, emit
@@ -103,7 +153,7 @@ class ChoiceStream:
         self.call_id = f"call_{uuid.uuid4().hex[:24]}"
 
     def start(self) -> None:
-        self.emit(self.writer.chunk(self.index, {"role": "assistant", "content": ""}))
+        self.emit(self.writer.opening(self.index))
 
     @property
     def listener(self) -> TextDeltas:
@@ -118,31 +168,20 @@ class ChoiceStream:
         if self.route == "hold":
             self.held += text
             return True
-        return self.emit(self._delta(text))
-
-    def _delta(self, text: str) -> str:
-        first = not self.sent
         self.sent += text
         if self.route == "content":
-            return self.writer.chunk(self.index, {"content": text})
-        call: dict[str, Any] = {"index": 0, "function": {"arguments": text}}
-        if first:  # OpenAI's first delta of a call names it; the rest extend its arguments
-            call = {"index": 0, "id": self.call_id, "type": "function"}
-            call["function"] = {"name": self.plan.tool_name, "arguments": text}
-        return self.writer.chunk(self.index, {"tool_calls": [call]})
+            return self.emit(self.writer.content(self.index, text))
+        return self.emit(self.writer.arguments(self.index, text, self.call_id, self.plan.tool_name))
 
     def finish(self, choice: ChoiceOutput) -> None:
         self.deltas.flush()
         if self.route in ("content", "arguments") and choice.text.startswith(self.sent):
             self._text(choice.text[len(self.sent) :])  # a backend's own decoding, if longer
         if choice.tool_calls is not None and self.route != "arguments":
-            for position, call in enumerate(choice.tool_calls):
-                delta = {"tool_calls": [{"index": position, **call}]}
-                self.emit(self.writer.chunk(self.index, delta))
+            self.emit(self.writer.calls(self.index, choice.tool_calls))
         elif self.route == "hold" and choice.text:
-            self.emit(self.writer.chunk(self.index, {"content": choice.text}))
-        extra = {"formline_errors": choice.errors} if choice.errors else None
-        self.emit(self.writer.chunk(self.index, {}, choice.finish_reason, extra))
+            self.emit(self.writer.content(self.index, choice.text))
+        self.emit(self.writer.closing(self.index, choice))
 
 
 def _route(plan: Plan) -> str | None:
@@ -153,8 +192,11 @@ def _route(plan: Plan) -> str | None:
     return None if plan.mode == "tool_auto" else "hold"
 
 
-async def stream_request(engine: Engine, chat: ChatRequest) -> AsyncIterator[str]:
-    """The events of ``chat``, decoded on a worker thread as they are sent.
+async def stream_request(
+    engine: Engine, chat: ChatRequest, writer: EventWriter
+) -> AsyncIterator[str]:
+    """The events of ``chat`` as ``writer`` writes them, decoded on a worker thread as
+    they are sent.
 
     Raises:
         ApiError: before the first event (bad constraint, model busy): a normal HTTP error.
@@ -165,7 +207,6 @@ async def stream_request(engine: Engine, chat: ChatRequest) -> AsyncIterator[str
     loop = asyncio.get_running_loop()
     queue: asyncio.Queue[tuple[str, Any]] = asyncio.Queue()
     gone = threading.Event()
-    writer = ChunkWriter(engine.model_id, chat.include_usage)
 
     def put(kind: str, payload: Any) -> bool:
         if gone.is_set():
@@ -198,7 +239,7 @@ async def _events(
     kind: str,
     payload: Any,
     queue: asyncio.Queue[tuple[str, Any]],
-    writer: ChunkWriter,
+    writer: EventWriter,
     gone: threading.Event,
     task: asyncio.Task[None],
 ) -> AsyncIterator[str]:
@@ -211,12 +252,9 @@ async def _events(
                 if not isinstance(payload, ApiError):
                     log.error("server fault while streaming", exc_info=payload)
                 yield writer.error(payload)
-                yield DONE
                 return
             else:
-                if writer.include_usage:
-                    yield writer.usage(payload)
-                yield DONE
+                yield writer.end(payload)
                 return
             kind, payload = await queue.get()
     finally:
