@@ -265,6 +265,71 @@ def schema_description(schema: Any) -> str:
     return f"Answer with a JSON value matching this JSON Schema:\n{compact_json(schema)}"
 
 
+def field_list_description(schema: Any, limit: int = 60) -> str:
+    """A schema described as a list of its fields (name, type, description), the way a
+    person would ask for them: a small model copies a JSON Schema's ``title`` and ``type``
+    keywords into its values (SmolLM2 wrote ``{"name":"Name","age":20,"type":"integer"}``)
+    and has nothing of the kind to copy here. At most ``limit`` lines; local ``$ref``
+    followed. Falls back to :func:`schema_description` for a schema that is not an object."""
+    root = schema if isinstance(schema, dict) else {}
+    if _resolve(root, root).get("type") != "object" and "properties" not in _resolve(root, root):
+        return schema_description(schema)
+    lines: list[str] = []
+    _field_lines(_resolve(root, root), root, "", lines, limit)
+    return "Answer with a JSON object with these fields:\n" + "\n".join(lines)
+
+
+def _resolve(schema: Any, root: dict[str, Any], depth: int = 0) -> dict[str, Any]:
+    if not isinstance(schema, dict):
+        return {}
+    reference = schema.get("$ref")
+    if isinstance(reference, str) and reference.startswith("#/") and depth < 8:
+        node: Any = root
+        for part in reference[2:].split("/"):
+            node = node.get(part, {}) if isinstance(node, dict) else {}
+        return _resolve(node, root, depth + 1)
+    branches = schema.get("anyOf") or schema.get("oneOf")
+    if isinstance(branches, list) and branches and "type" not in schema:
+        kept = [b for b in branches if _resolve(b, root, depth + 1).get("type") != "null"]
+        if len(kept) == 1:
+            return _resolve(kept[0], root, depth + 1)
+    return schema
+
+
+def _type_name(schema: dict[str, Any], root: dict[str, Any]) -> str:
+    if "enum" in schema:
+        return "one of " + ", ".join(json.dumps(v, ensure_ascii=False) for v in schema["enum"])
+    kind = schema.get("type", "object" if "properties" in schema else "value")
+    if isinstance(kind, list):
+        kind = " or ".join(str(entry) for entry in kind)
+    if kind == "array":
+        return "list of " + _type_name(_resolve(schema.get("items", {}), root), root)
+    if schema.get("format") in ("date", "date-time", "email", "uri"):
+        return f"{kind}, {schema['format']}"
+    return str(kind)
+
+
+def _field_lines(
+    schema: dict[str, Any], root: dict[str, Any], indent: str, lines: list[str], limit: int
+) -> None:
+    required = set(schema.get("required", []))
+    for name, sub in schema.get("properties", {}).items():
+        if len(lines) >= limit:
+            return
+        field_schema = _resolve(sub, root)
+        about = field_schema.get("description") or (
+            sub.get("description") if isinstance(sub, dict) else None
+        )
+        optional = "" if name in required else ", optional"
+        text = f"{indent}- {name} ({_type_name(field_schema, root)}{optional})"
+        lines.append(f"{text}: {about}" if about else text)
+        nested = field_schema
+        if field_schema.get("type") == "array":
+            nested = _resolve(field_schema.get("items", {}), root)
+        if "properties" in nested and indent.count("  ") < 3:
+            _field_lines(nested, root, indent + "  ", lines, limit)
+
+
 def compact_json(value: Any) -> str:
     """``value`` as compact JSON text (no spaces, non-ASCII kept)."""
     return json.dumps(value, separators=(",", ":"), ensure_ascii=False)

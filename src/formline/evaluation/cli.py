@@ -19,6 +19,7 @@ from formline.evaluation.dataset import extraction_dev_tasks
 from formline.evaluation.plots import plot_all
 from formline.evaluation.report import load_results, write_all
 from formline.evaluation.runner import (
+    RECORDS_FILE,
     compile_times,
     load_tasks,
     prediction,
@@ -100,7 +101,9 @@ def _run(arguments: argparse.Namespace, out: Path) -> dict[str, Any]:
     backend = _backend(arguments)
     compiles = compile_times(variants, tasks, backend)
     progress = not arguments.no_progress
-    records = run_all(tasks, variants, backend, arguments.max_tokens, progress)
+    out.mkdir(parents=True, exist_ok=True)
+    records_path = out / RECORDS_FILE
+    records = run_all(tasks, variants, backend, arguments.max_tokens, progress, records_path)
     summaries = {
         name: {**summarize_variant(tasks, found), **compiles[name]}
         for name, found in records.items()

@@ -55,6 +55,17 @@ COST_ROWS: list[Row] = [
     ("tokens generated (per task)", lambda s: s["tokens_per_task"], _number(1)),
     ("cut off at max tokens (tasks)", lambda s: s["finish_length"], str),
     ("wall time per task", lambda s: s["seconds_per_task"], _number(2, " s")),
+    ("wall time (all tasks)", lambda s: s.get("seconds_total"), _number(0, " s")),
+    (
+        "confidence AUROC (least likely token)",
+        lambda s: (s.get("confidence_auroc") or {}).get("min_probability"),
+        _number(2),
+    ),
+    (
+        "confidence AUROC (pressure)",
+        lambda s: (s.get("confidence_auroc") or {}).get("pressure"),
+        _number(2),
+    ),
     ("latency per token (wall)", lambda s: s["ms_per_token"], _number(1, " ms")),
     (
         "latency per token (forward + mask)",

@@ -20,14 +20,20 @@ from typing import Any
 from jsonschema import Draft202012Validator
 from tqdm import tqdm
 
+from formline.evaluation.confidence import confidence_aurocs, field_signals
 from formline.evaluation.scoring import parse_output, score_task, summarize
 from formline.evaluation.variants import Variant
 from formline.mask.compiler import clear_memory_cache
 from formline.pipeline.extract import extract
 from formline.pipeline.generate import generate
+from formline.pipeline.tolerance import coerce_numbers
 from formline.schema import compile_schema
 
-PREDICTION_KEYS = ("id", "variant", "output", "value", "finish_reason", "tokens", "seconds")
+PREDICTION_KEYS = (
+    "id", "variant", "output", "value", "finish_reason", "tokens", "seconds", "rationale",
+    "coerced",
+)  # fmt: skip
+RECORDS_FILE = "records.jsonl"  # every record as it is made: a rerun resumes from it
 
 
 def load_tasks(path: str | Path, limit: int | None = None) -> list[dict[str, Any]]:
@@ -77,10 +83,15 @@ def run_task(
     record["seconds"] = time.perf_counter() - started
     parsed, strict, lenient = parse_output(record["output"])
     value = variant.finish(parsed, schema) if lenient else None
-    record.update(id=task["id"], variant=variant.name, value=value)
+    if lenient and variant.numbers == "tolerant":
+        value, _ = coerce_numbers(value, schema)
+    record.update(id=task["id"], variant=variant.name, value=value, max_tokens=max_tokens)
     record.update(strict=strict, lenient=lenient)
     record["valid"] = lenient and is_valid(schema, value)
     record["scores"] = score_task(task, value)
+    pressure = record.pop("pressure", None)
+    if pressure:
+        record["signals"] = {field: field_signals(pressure, field) for field in record["scores"]}
     return record
 
 
@@ -93,10 +104,12 @@ def _run_generate(
         backend,
         max_tokens=max_tokens,
         free=variant.mode == "free",
-        describe_schema=variant.describe_schema,
+        **variant.generation_options(),
     )
     return {
         "output": result.text,
+        "rationale": result.rationale,
+        "coerced": result.coerced,
         "finish_reason": result.finish_reason,
         "tokens": result.usage["completion_tokens"],
         "forward_passes": result.usage["forward_passes"],
@@ -104,6 +117,7 @@ def _run_generate(
         "forward_seconds": result.timings["forward_seconds"],
         "mask_seconds": result.timings["mask_seconds"],
         "compile_seconds": result.timings["compile_seconds"],
+        "pressure": result.pressure,  # turned into per-field signals once scored
     }
 
 
@@ -178,6 +192,7 @@ def summarize_variant(tasks: list[dict[str, Any]], records: list[dict[str, Any]]
         finish_length=sum(record["finish_reason"] == "length" for record in records),
         tokens_per_task=tokens / len(records),
         seconds_per_task=seconds / len(records),
+        seconds_total=seconds,
         ms_per_token=_ratio(1000 * seconds, tokens),
     )
     if any("forward_seconds" in record for record in records):  # repair: n/a
@@ -190,6 +205,8 @@ def summarize_variant(tasks: list[dict[str, Any]], records: list[dict[str, Any]]
             passes_saved=saved,
             passes_saved_share=_ratio(saved, tokens),
         )
+    if any("signals" in record for record in records):
+        summary["confidence_auroc"] = confidence_aurocs(records)
     if any("attempts" in record for record in records):
         summary["attempts_per_task"] = _ratio(sum(r["attempts"] for r in records), len(records))
     return summary
@@ -200,21 +217,51 @@ def prediction(record: dict[str, Any]) -> dict[str, Any]:
     return {key: record.get(key) for key in PREDICTION_KEYS}
 
 
+def load_records(path: Path | None) -> dict[tuple[str, str], dict[str, Any]]:
+    """The records already written to ``path`` (:data:`RECORDS_FILE`), by (task id,
+    variant); a torn last line (an interrupted run) is skipped."""
+    found: dict[tuple[str, str], dict[str, Any]] = {}
+    if path is None or not path.exists():
+        return found
+    for line in path.read_text(encoding="utf-8").splitlines():
+        try:
+            record = json.loads(line)
+        except ValueError:
+            continue
+        found[(record["id"], record["variant"])] = record
+    return found
+
+
 def run_all(
     tasks: list[dict[str, Any]],
     variants: list[Variant],
     backend: Any,
     max_tokens: int,
     progress: bool = True,
+    records_path: Path | None = None,
 ) -> dict[str, list[dict[str, Any]]]:
     """Every task under every variant, task by task (a tqdm bar over task x variant).
-    Returns variant name -> records in task order."""
+    With ``records_path`` each record is appended there as it is made, and the records
+    already there are reused (a rerun resumes). Returns variant name -> records in task
+    order."""
+    done = load_records(records_path)
     records: dict[str, list[dict[str, Any]]] = {variant.name: [] for variant in variants}
     bar = tqdm(total=len(tasks) * len(variants), disable=not progress, unit="run")
-    for task in tasks:
-        for variant in variants:
-            bar.set_postfix_str(f"{task['id']} {variant.name}", refresh=False)
-            records[variant.name].append(run_task(task, variant, backend, max_tokens))
-            bar.update()
-    bar.close()
+    sink = records_path.open("a", encoding="utf-8") if records_path is not None else None
+    try:
+        for task in tasks:
+            for variant in variants:
+                bar.set_postfix_str(f"{task['id']} {variant.name}", refresh=False)
+                record = done.get((task["id"], variant.name))
+                if record is None or record.get("max_tokens") != max_tokens:
+                    record = run_task(task, variant, backend, max_tokens)
+                    if sink is not None:
+                        sink.write(json.dumps(record, ensure_ascii=False, default=str) + "\n")
+                        sink.flush()
+                records[variant.name].append(record)
+                bar.update()
+    finally:
+        if sink is not None:
+            sink.close()
+        bar.close()
     return records

@@ -24,6 +24,8 @@ EVIDENCE_NAME = re.compile(
     r"summary|rationale|reason|content|description|explanation|evidence|notes?$|comment",
     re.IGNORECASE,
 )
+PRETTY = 16  # whitespace bytes between JSON tokens: a newline and 14 spaces of indent
+THINK = 48  # free tokens before the answer
 EXAMPLE_STRING = "..."
 EXAMPLE_DATE = "2024-01-31"
 _NUMBER = re.compile(r"^[+-]?(\d+(\.\d*)?|\.\d+)([eE][+-]?\d+)?$")
@@ -35,11 +37,23 @@ class Variant:
 
     name: str
     mode: str = "constrained"  # "free", "constrained" or "repair"
-    describe_schema: bool = False
+    describe_schema: bool | str = False  # True/"schema" (compact JSON), "fields", False
     one_shot: bool = False
     string_typed: bool = False
     order: str | None = None  # "evidence-first", "answer-first" or None (the schema's)
+    whitespace: int | None = None  # JSON whitespace bytes allowed between tokens
+    numbers: str = "strict"  # "tolerant": spelled numbers admitted, coerced after
+    think: int = 0  # free tokens before the answer
     help: str = ""
+
+    def generation_options(self) -> dict[str, Any]:
+        """The keyword arguments of :func:`formline.generate` this variant sets."""
+        return {
+            "describe_schema": self.describe_schema,
+            "whitespace": self.whitespace,
+            "numbers": self.numbers,
+            "think": self.think,
+        }
 
     def decoding_schema(self, schema: dict[str, Any]) -> dict[str, Any]:
         """The schema the decoder (and the prompt) sees."""
@@ -75,8 +89,38 @@ VARIANTS: dict[str, Variant] = {
         Variant("evidence-first", order="evidence-first", help="free-text fields first"),
         Variant("answer-first", order="answer-first", help="free-text fields last"),
         Variant("repair", mode="repair", describe_schema=True, help="constrained + repair loop"),
+        Variant("pretty", whitespace=PRETTY, help="JSON indented as the model likes"),
+        Variant(
+            "pretty+described", whitespace=PRETTY, describe_schema=True,
+            help="indented, schema in prompt",
+        ),
+        Variant(
+            "pretty+fields", whitespace=PRETTY, describe_schema="fields",
+            help="indented, field list in prompt",
+        ),
+        Variant(
+            "pretty+tolerant", whitespace=PRETTY, numbers="tolerant",
+            help="indented, spelled numbers coerced",
+        ),
+        Variant(
+            "pretty+fields+tolerant", whitespace=PRETTY, describe_schema="fields",
+            numbers="tolerant", help="indented, field list, spelled numbers",
+        ),
+        Variant("pretty+think", whitespace=PRETTY, think=THINK, help="free rationale first"),
+        Variant(
+            "pretty+fields+tolerant+think", whitespace=PRETTY, describe_schema="fields",
+            numbers="tolerant", think=THINK, help="field list, spelled numbers, rationale",
+        ),
+        Variant(
+            "pretty+evidence-first", whitespace=PRETTY, order="evidence-first",
+            help="indented, free-text fields first",
+        ),
+        Variant(
+            "pretty+string-typed", whitespace=PRETTY, string_typed=True,
+            help="indented, numbers as strings",
+        ),
     )
-}
+}  # fmt: skip
 # Fits 10 minutes on 2 cores for the 72 dev tasks with the embedded model (one thread).
 DEFAULT_VARIANTS = ("free", "constrained", "constrained+one-shot", "string-typed")
 

@@ -70,6 +70,8 @@ class Generation:
     # Per sampled output position: (probability mass the mask removed, whether the model's
     # preferred token was refused, that token's id). Forced and closing tokens have no entry.
     step_pressure: dict[int, tuple[float, bool, int]] = field(default_factory=dict)
+    # Per sampled position: the chosen token's unmasked probability (PressureListener).
+    step_confidence: dict[int, float] = field(default_factory=dict)
     forward_seconds: float = 0.0
     mask_seconds: float = 0.0
     extra: dict[str, Any] = field(default_factory=dict)
@@ -122,6 +124,7 @@ def decode(
         forward_passes_saved=loop.forced_tokens,
         closing_tokens=loop.closing_tokens,
         step_pressure=pressure.steps,
+        step_confidence=pressure.chosen,
         forward_seconds=loop.forward_seconds,
         mask_seconds=loop.mask_seconds,
         extra={

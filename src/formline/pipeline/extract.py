@@ -28,7 +28,7 @@ from typing import Any, ClassVar, NoReturn
 from formline.backends.base import Backend
 from formline.errors import FormlineError
 from formline.pipeline.escape_hatches import apply_escape_hatches, follow_reference
-from formline.pipeline.generate import backend_for, generate
+from formline.pipeline.generate import UNREAD, backend_for, generate
 from formline.pipeline.grounding import ground
 from formline.pipeline.pressure import DEFAULT_THRESHOLD, FieldPressure
 from formline.schema.api import parse_output, schema_of
@@ -313,7 +313,7 @@ def _attempt(
         errors = [f"cut off at max_tokens={budget} before the JSON was complete"]
         outcome = TRUNCATED
     else:
-        value, errors, outcome = _judge(result.text, result.errors, target, source)
+        value, errors, outcome = _judge(result.text, result.errors, target, source, result.data)
     seconds = time.perf_counter() - started
     attempt = Attempt(
         result.text,
@@ -330,13 +330,14 @@ def _attempt(
 
 
 def _judge(
-    text: str, after_check: list[str], target: _Target, source: str
+    text: str, after_check: list[str], target: _Target, source: str, data: Any = UNREAD
 ) -> tuple[Any, list[str], str]:
-    """(value, errors, outcome) of a complete output: validation, then grounding."""
-    value, errors = _validate(text, after_check, target, source)
+    """(value, errors, outcome) of a complete output: validation, then grounding. ``data``
+    is the JSON as ``generate`` read it (spelled numbers coerced), when it read one."""
+    value, errors = _validate(text, after_check, target, source, data)
     grounding_errors: list[str] = []
     if target.ground:
-        parsed, unreadable = parse_output(text)
+        parsed, unreadable = (data, []) if data is not UNREAD else parse_output(text)
         if not unreadable:  # else the validation errors already say so
             grounding_errors = _grounding_errors(parsed, source, target.ground_fields)
     if errors:
@@ -347,13 +348,17 @@ def _judge(
 
 
 def _validate(
-    text: str, after_check: list[str], target: _Target, source: str
+    text: str, after_check: list[str], target: _Target, source: str, data: Any = UNREAD
 ) -> tuple[Any, list[str]]:
     if target.model is None:
-        return (None if after_check else json.loads(text)), list(after_check)
+        if after_check:
+            return None, list(after_check)
+        return (json.loads(text) if data is UNREAD else data), []
     from pydantic import ValidationError
 
     try:
+        if data is not UNREAD:
+            return target.model.model_validate(data, context={"source": source}), []
         return target.model.model_validate_json(text, context={"source": source}), []
     except ValidationError as error:
         return None, [_pydantic_message(detail) for detail in error.errors()]

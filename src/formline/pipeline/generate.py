@@ -16,19 +16,29 @@ import json
 import threading
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
 from formline.backends.base import Backend, load_backend
-from formline.constraint import Constraint, Plan
+from formline.constraint import Constraint, Plan, field_list_description
 from formline.errors import FormlineError
+from formline.mask.tagged import TaggedMatcher
 from formline.pipeline.decoding import Generation, Sampling, decode
 from formline.pipeline.listeners import StepListener
-from formline.pipeline.pressure import DEFAULT_THRESHOLD, FieldPressure, field_pressure
-from formline.schema.api import parse_output
+from formline.pipeline.pressure import (
+    DEFAULT_THRESHOLD,
+    FieldPressure,
+    field_pressure,
+    top_level,
+)
+from formline.pipeline.tolerance import coerce_numbers, tolerant_schema
+from formline.schema.api import SchemaCheck, parse_output
 
-CUT_OFF = ("length", "timeout", "cancelled")  # finish reasons of an output that did not end
+CUT_OFF = ("length", "timeout", "cancelled")
+UNREAD: Any = type(
+    "Unread", (), {"__repr__": lambda self: "UNREAD"}
+)()  # no JSON read  # finish reasons of an output that did not end
 
 _backends: dict[tuple[str, str], Backend] = {}
 _backends_lock = threading.Lock()
@@ -69,6 +79,16 @@ class Result:
     report: Any = None  # the schema's keyword report, when the output is a schema
     output_model: Any = None
     pressure: dict[str, FieldPressure] = field(default_factory=dict)
+    data: Any = UNREAD  # the parsed (and coerced) JSON; UNREAD when none was read
+    coerced: list[str] = field(default_factory=list)  # paths of spelled numbers coerced
+    rationale: str = ""  # free text written before the answer (think=N)
+
+    @property
+    def confidence(self) -> dict[str, float]:
+        """Per top-level field: how sure the model itself was of its value, the unmasked
+        probability of the least likely content token it chose there (1.0: the grammar
+        wrote it all). Low values predict wrong fields (README: its measured AUROC)."""
+        return {name: entry.confidence for name, entry in top_level(self.pressure).items() if name}
 
     def flagged_fields(self, threshold: float = DEFAULT_THRESHOLD) -> list[str]:
         """JSON paths written against the model's preference (see :mod:`.pressure`)."""
@@ -88,9 +108,11 @@ class Result:
         if self.errors:
             raise InvalidOutput(self.text, self.errors)
         if self.kind == "model":
+            if self.data is not UNREAD:
+                return self.output_model.model_validate(self.data)
             return self.output_model.model_validate_json(self.text)
         if self.kind == "json":
-            return json.loads(self.text)
+            return json.loads(self.text) if self.data is UNREAD else self.data
         return self.text
 
 
@@ -117,10 +139,13 @@ def generate(
     top_p: float = 1.0,
     seed: int | None = None,
     max_tokens: int = 256,
-    describe_schema: bool = True,
+    describe_schema: bool | str = True,
     free: bool = False,
     jump_forward: bool = True,
     system: str | None = None,
+    whitespace: int | None = None,
+    numbers: str = "strict",
+    think: int = 0,
 ) -> Result:
     """Generate from ``prompt`` (text or chat messages) under ``output``.
 
@@ -131,6 +156,15 @@ def generate(
         model: a backend instance, a GGUF path / Hugging Face directory, or ``None``.
         free: decode without the mask (for comparison); the value is still parsed and
             checked, so a broken free output raises on ``.value``.
+        describe_schema: describe a schema in the prompt: ``True`` or ``"schema"`` (its
+            compact JSON), ``"fields"`` (a list of its fields), ``False`` (not at all).
+        whitespace: for a schema, at most this many whitespace bytes between JSON tokens
+            (``None``: compact JSON), so the model may indent as it was trained to.
+        numbers: ``"tolerant"`` lets the model spell a number (``"thirty-six"``) and
+            coerces it after (:mod:`.tolerance`; ``Result.coerced`` names the fields).
+        think: let the model write up to this many tokens of free text before the answer
+            (:class:`~formline.mask.tagged.TaggedMatcher`); kept as ``Result.rationale``,
+            never part of the value. ``max_tokens`` still bounds the answer.
 
     Raises:
         formline.schema.SchemaError / GrammarError: the output spec does not compile.
@@ -141,12 +175,44 @@ def generate(
         prompt,
         output,
         backend_for(model, backend),
-        Sampling(temperature, top_p, seed, max_tokens, jump_forward),
+        Sampling(temperature, top_p, seed, max_tokens + max(think, 0), jump_forward),
         describe_schema=describe_schema,
         free=free,
         system=system,
+        shaping=Shaping(whitespace, numbers, think),
     )
     return request.run()
+
+
+@dataclass(frozen=True)
+class Shaping:
+    """How the answer's form is shaped beyond the constraint: JSON whitespace allowed,
+    numbers spelled as the model likes (``"tolerant"``), free tokens before the answer."""
+
+    whitespace: int | None = None
+    numbers: str = "strict"
+    think: int = 0
+
+    def __post_init__(self) -> None:
+        if self.numbers not in ("strict", "tolerant"):
+            raise ValueError(f"numbers must be 'strict' or 'tolerant', not {self.numbers!r}")
+        if self.think < 0:
+            raise ValueError(f"think must be 0 or more tokens, not {self.think}")
+
+    def constraint(self, output: Any) -> tuple[Constraint, Constraint]:
+        """(the constraint to compile, the constraint as given): objects closed where that
+        narrows, the whitespace and, when tolerant, spelled numbers admitted."""
+        given = Constraint.of(output)
+        if not given.is_json:
+            return given, given
+        compiled = given
+        if not isinstance(output, Constraint):  # a Constraint given whole is kept whole
+            compiled = replace(given, close_objects=True)
+        if self.whitespace is not None:
+            compiled = replace(compiled, whitespace=self.whitespace)
+        if self.numbers == "tolerant" and given.kind == "json_schema":
+            compiled = replace(compiled, value=tolerant_schema(given.schema()))
+        return compiled, given
 
 
 @dataclass
@@ -160,6 +226,8 @@ class GenerationRequest:
     matcher: Any  # a GrammarMatcher, or None (free text, or free=True)
     sampling: Sampling
     compile_seconds: float
+    given: Constraint = field(default_factory=Constraint)  # the constraint as the caller gave it
+    shaping: Shaping = field(default_factory=lambda: Shaping())
 
     @classmethod
     def prepare(
@@ -169,9 +237,10 @@ class GenerationRequest:
         engine: Backend,
         sampling: Sampling,
         *,
-        describe_schema: bool = True,
+        describe_schema: bool | str = True,
         free: bool = False,
         system: str | None = None,
+        shaping: Shaping | None = None,
     ) -> GenerationRequest:
         """Compile ``output`` for the engine (cached) and render the prompt.
 
@@ -179,12 +248,22 @@ class GenerationRequest:
             formline.schema.SchemaError / GrammarError: ``output`` does not compile.
         """
         started = time.perf_counter()
-        plan = Constraint.of(output).compile(engine.vocabulary)
+        compiled, given = (shaping or Shaping()).constraint(output)
+        plan = compiled.compile(engine.vocabulary)
+        if compiled is not given:  # the after-check reads the schema as given
+            plan.client_check = SchemaCheck(given.schema())
         compile_seconds = time.perf_counter() - started
-        messages = prompt_messages(prompt, plan.description if describe_schema else "", system)
-        matcher = None if free else plan.matcher()
+        shaping = shaping or Shaping()
+        messages = prompt_messages(prompt, _description(given, describe_schema), system)
+        if shaping.think and not free:
+            messages = _ask_to_think(messages)
+        matcher: Any = None
+        if not free and plan.compiled is not None:
+            matcher = (
+                TaggedMatcher(plan.compiled, shaping.think) if shaping.think else plan.matcher()
+            )
         rendered = engine.render_chat(messages)
-        return cls(engine, plan, rendered, matcher, sampling, compile_seconds)
+        return cls(engine, plan, rendered, matcher, sampling, compile_seconds, given, shaping)
 
     def run(self, listeners: Sequence[StepListener] = ()) -> Result:
         """Decode (one loop, ``listeners`` watching) and read the result back."""
@@ -192,10 +271,49 @@ class GenerationRequest:
         return self.result(generation)
 
     def result(self, generation: Generation) -> Result:
-        """The :class:`Result` of ``generation``: parsed and after-checked when JSON."""
-        return _result(
-            generation, self.plan, self.compile_seconds, self.engine.vocabulary.token_bytes
+        """The :class:`Result` of ``generation``: parsed, coerced and after-checked when
+        JSON; a rationale written before the answer is split off."""
+        rationale = ""
+        if isinstance(self.matcher, TaggedMatcher):
+            rationale = self.matcher.rationale
+            generation = _without_rationale(generation, self.matcher.rationale_bytes)
+        result = _result(
+            generation, self.plan, self.compile_seconds, self.engine.vocabulary.token_bytes,
+            self.given if self.shaping.numbers == "tolerant" else None,
+        )  # fmt: skip
+        result.rationale = rationale
+        return result
+
+
+def _without_rationale(generation: Generation, rationale: bytes) -> Generation:
+    text = generation.text.encode("utf-8", errors="replace")
+    answer = text[len(rationale) :] if text.startswith(rationale) else text
+    return replace(generation, text=answer.decode("utf-8", errors="replace"))
+
+
+THINK_REQUEST = (
+    "Before the JSON, write one short sentence that says what the text states for each "
+    "field. Then write the JSON."
+)
+
+
+def _ask_to_think(messages: list[dict[str, str]]) -> list[dict[str, str]]:
+    last = dict(messages[-1])
+    last["content"] = f"{last['content']}\n\n{THINK_REQUEST}"
+    return [*messages[:-1], last]
+
+
+def _description(given: Constraint, style: bool | str) -> str:
+    """The prompt's description of the constraint in ``style`` (see :func:`generate`)."""
+    if style is False or style == "none":
+        return ""
+    if style == "fields" and given.kind == "json_schema":
+        return field_list_description(given.schema())
+    if style not in (True, "schema", "fields"):
+        raise ValueError(
+            f"describe_schema must be True, False, 'schema' or 'fields', not {style!r}"
         )
+    return given.describe()
 
 
 def prompt_messages(
@@ -214,11 +332,23 @@ def prompt_messages(
     return messages
 
 
-def _result(generation: Generation, plan: Plan, compile_seconds: float, token_bytes: Any) -> Result:
+def _result(
+    generation: Generation,
+    plan: Plan,
+    compile_seconds: float,
+    token_bytes: Any,
+    tolerant: Constraint | None = None,
+) -> Result:
+    model = plan.constraint.output_model or (tolerant.output_model if tolerant else None)
     errors: list[str] = []
+    data: Any = UNREAD
+    coerced: list[str] = []
     if generation.finish_reason not in CUT_OFF and plan.is_json:
         instance, errors = parse_output(generation.text)
         if not errors:
+            if tolerant is not None:
+                instance, coerced = coerce_numbers(instance, tolerant.schema())
+            data = instance
             errors = plan.check(instance)
     return Result(
         text=generation.text,
@@ -235,9 +365,16 @@ def _result(generation: Generation, plan: Plan, compile_seconds: float, token_by
             "forward_seconds": generation.forward_seconds,
             "mask_seconds": generation.mask_seconds,
         },
-        kind=plan.kind,
+        kind="model" if model is not None else plan.kind,
         errors=errors,
         report=plan.checker.report if plan.checker else None,
-        output_model=plan.constraint.output_model,
-        pressure=field_pressure(generation.token_ids, token_bytes, generation.step_pressure),
+        output_model=model,
+        data=data,
+        coerced=coerced,
+        pressure=field_pressure(
+            generation.token_ids,
+            token_bytes,
+            generation.step_pressure,
+            generation.step_confidence,
+        ),
     )

@@ -30,7 +30,11 @@ class PressureListener(StepListener):
     0.1 ms for 49,152 logits) in one scratch buffer."""
 
     steps: dict[int, tuple[float, bool, int]] = field(default_factory=dict)
+    # Per sampled position: the chosen token's probability under the unmasked distribution
+    # (how sure the model itself was of what was written: the per-field confidence).
+    chosen: dict[int, float] = field(default_factory=dict)
     _scratch: np.ndarray | None = None
+    _masked: np.ndarray | None = None
     _before: tuple[int, Any, float] = (0, 0.0, 1.0)
 
     def on_logits(
@@ -47,6 +51,15 @@ class PressureListener(StepListener):
         kept = self._exp_sum(logits, peak)  # exp(-inf) is 0: removed tokens drop out
         refused = not bool(np.isfinite(logits[preferred]))
         self.steps[position] = (max(0.0, 1.0 - kept / total), refused, preferred)
+        self._masked = logits
+
+    def on_token(self, position: int, token: int, matcher: Any) -> None:
+        if matcher is None or self._masked is None or position not in self.steps:
+            return
+        _, peak, total = self._before
+        # An allowed token's masked logit is its raw one: its share of the raw softmax.
+        self.chosen[position] = float(np.exp(self._masked[token] - peak) / total)
+        self._masked = None
 
     def _exp_sum(self, logits: np.ndarray, peak: Any) -> float:
         scratch = self._scratch
@@ -70,6 +83,18 @@ class FieldPressure:
     # letter or digit), not punctuation or spacing: on extraction-dev most removed mass
     # was the model asking for '{"' or '",' again, not for another value.
     content_max_removed: float = 0.0
+    # Over the sampled content tokens (a letter or digit) of the path: the lowest and the
+    # summed log of the chosen token's unmasked probability (1.0 and 0.0 when every content
+    # token was forced: the grammar, not the model, wrote it).
+    min_probability: float = 1.0
+    log_probability: float = 0.0
+    content_steps: int = 0
+
+    @property
+    def confidence(self) -> float:
+        """How sure the model was of this path's value: the unmasked probability of its
+        least likely sampled content token (1.0 when none was sampled)."""
+        return self.min_probability
 
     @property
     def mean_removed(self) -> float:
@@ -157,6 +182,7 @@ def field_pressure(
     token_ids: Sequence[int],
     token_bytes: Sequence[bytes],
     step_pressure: dict[int, tuple[float, bool, int]],
+    confidence: dict[int, float] | None = None,
 ) -> dict[str, FieldPressure]:
     """Aggregate per-step pressure onto the JSON paths the steps' tokens wrote.
 
@@ -184,6 +210,11 @@ def field_pressure(
         entry.preferred_refused += int(refused)
         if 0 <= preferred < len(token_bytes) and _is_content(token_bytes[preferred]):
             entry.content_max_removed = max(entry.content_max_removed, removed)
+        if confidence is not None and position in confidence and _is_content(piece):
+            probability = max(confidence[position], 1e-30)
+            entry.min_probability = min(entry.min_probability, probability)
+            entry.log_probability += float(np.log(probability))
+            entry.content_steps += 1
     return result
 
 
@@ -203,4 +234,7 @@ def top_level(pressure: dict[str, FieldPressure]) -> dict[str, FieldPressure]:
         target.total_removed += entry.total_removed
         target.preferred_refused += entry.preferred_refused
         target.content_max_removed = max(target.content_max_removed, entry.content_max_removed)
+        target.min_probability = min(target.min_probability, entry.min_probability)
+        target.log_probability += entry.log_probability
+        target.content_steps += entry.content_steps
     return rolled
