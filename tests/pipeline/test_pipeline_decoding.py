@@ -144,3 +144,35 @@ def test_choose_token_greedy_sampled_and_refused() -> None:
     assert {choose_token(logits, 1.0, 0.5, rng) for _ in range(50)} == {1}  # top-p nucleus
     with pytest.raises(RuntimeError, match="no token"):
         choose_token(np.full(3, -np.inf, dtype=np.float32), 0.0, 1.0, rng)
+
+
+ITEMS = {
+    "type": "object",
+    "properties": {
+        "items": {
+            "type": "array",
+            "items": {
+                "type": "object",
+                "properties": {"label": {"type": "string"}, "count": {"type": "integer"}},
+                "required": ["label", "count"],
+                "additionalProperties": False,
+            },
+        }
+    },
+    "required": ["items"],
+    "additionalProperties": False,
+}
+
+
+@pytest.mark.parametrize("max_tokens", [30, 41, 57, 64])
+def test_a_token_that_would_overrun_the_budget_is_replaced_by_the_closing(
+    llama_backend: Any, max_tokens: int
+) -> None:
+    # One ``},`` commits to another item with required fields: taken at the wrong moment it
+    # leaves no room to close (seen on invoice-10, cut off at max_tokens).
+    looping = '{"items":[' + ",".join('{"label":"apple pie","count":12}' for _ in range(40))
+    plan = Constraint.of(ITEMS).compile(llama_backend.vocabulary)
+    engine = ScriptedEngine(llama_backend, looping)
+    result = decode(engine, PROMPT, plan.matcher(), Sampling(max_tokens=max_tokens))
+    assert result.finish_reason == "stop" and result.completion_tokens <= max_tokens
+    assert plan.check(json.loads(result.text)) == [] and result.closing_tokens > 0

@@ -37,7 +37,7 @@ def test_indented_json_is_written_as_the_model_likes_it(llama_backend: Any) -> N
     engine = ScriptedEngine(llama_backend, PRETTY, PRETTY)
     pretty = generate("Ada, 36.", Person, engine, whitespace=16, max_tokens=40)
     assert pretty.text == PRETTY and pretty.value.age == 36
-    compact = generate("Ada, 36.", Person, engine, max_tokens=40)
+    compact = generate("Ada, 36.", Person, engine, whitespace=None, max_tokens=40)
     assert compact.text != PRETTY and "\n" not in compact.text  # compact JSON refuses it
 
 

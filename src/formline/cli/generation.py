@@ -19,7 +19,16 @@ from tqdm import tqdm
 
 from formline.constraint import Choice, Regex
 from formline.pipeline.extract import Failed, extract
-from formline.pipeline.generate import InvalidOutput, TruncatedOutput, backend_for, generate
+from formline.pipeline.generate import (
+    DEFAULT_DESCRIBE,
+    DEFAULT_NUMBERS,
+    DEFAULT_THINK,
+    DEFAULT_WHITESPACE,
+    InvalidOutput,
+    TruncatedOutput,
+    backend_for,
+    generate,
+)
 from formline.schema import schema_of
 
 EXIT_BACKEND = 3
@@ -37,8 +46,32 @@ def add_model_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--seed", type=int, default=None)
     parser.add_argument("--free", action="store_true", help="no mask (for comparison)")
     parser.add_argument(
-        "--no-describe-schema", action="store_true", help="do not describe the schema in the prompt"
+        "--describe-schema",
+        choices=("none", "schema", "fields"),
+        default=_style(DEFAULT_DESCRIBE),
+        help="how the prompt describes a schema (default: %(default)s, chosen by measurement)",
     )
+    parser.add_argument(
+        "--no-describe-schema", action="store_true", help="same as --describe-schema none"
+    )
+    parser.add_argument(
+        "--whitespace", type=int, default=DEFAULT_WHITESPACE,
+        help="JSON whitespace bytes allowed between tokens (default: %(default)s; -1: compact)",
+    )  # fmt: skip
+    parser.add_argument(
+        "--numbers", choices=("strict", "tolerant"), default=DEFAULT_NUMBERS,
+        help="tolerant: a number may be spelled ('thirty-six') and is coerced after",
+    )  # fmt: skip
+    parser.add_argument(
+        "--think", type=int, default=DEFAULT_THINK,
+        help="free tokens the model may write before the answer (kept apart from it)",
+    )  # fmt: skip
+
+
+def _style(describe: bool | str) -> str:
+    if describe is True:
+        return "schema"
+    return "none" if describe is False else str(describe)
 
 
 def add_output_arguments(parser: argparse.ArgumentParser) -> None:
@@ -72,9 +105,18 @@ def _generate(arguments: argparse.Namespace, prompt: str, output: Any, backend: 
         top_p=arguments.top_p,
         seed=arguments.seed,
         max_tokens=arguments.max_tokens,
-        describe_schema=not arguments.no_describe_schema,
+        describe_schema=_describe(arguments),
         free=arguments.free,
+        whitespace=None if arguments.whitespace < 0 else arguments.whitespace,
+        numbers=arguments.numbers,
+        think=arguments.think,
     )
+
+
+def _describe(arguments: argparse.Namespace) -> bool | str:
+    if arguments.no_describe_schema or arguments.describe_schema == "none":
+        return False
+    return str(arguments.describe_schema)
 
 
 def run_generate(arguments: argparse.Namespace) -> int:

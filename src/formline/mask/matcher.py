@@ -341,6 +341,16 @@ class GrammarMatcher:
             return []
         return tokens
 
+    def completion_tokens(self, tokenize: Tokenize) -> list[int] | None:
+        """The tokens of the shortest completion from here (``[]`` when the grammar can end
+        now; ``None`` when there is none within 512 bytes or its tokens do not spell it).
+        The state is unchanged. Costs one breadth-first search."""
+        completion = self.shortest_completion()
+        if completion is None:
+            return None
+        tokens = self._spelled(tokenize, completion) if completion else []
+        return tokens if tokens or not completion else None
+
     def _spelled(self, tokenize: Tokenize, data: bytes) -> list[int]:
         """``tokenize(data)`` when those tokens spell exactly ``data``, else ``[]``."""
         tokens = [int(token) for token in tokenize(data)]

@@ -99,6 +99,10 @@ class TaggedMatcher:
         self.is_answering = free_tokens <= 0
         self._rationale = bytearray()
         self._pieces = compiled.vocabulary.token_bytes
+        # What each accepted token did, for rollback: ("free", bytes), ("entry", bytes of
+        # free text before the trigger), ("open", 0: the answer opened on a closing), or
+        # ("inner", 0: a step of the grammar's matcher).
+        self._events: list[tuple[str, int]] = []
 
     @property
     def rationale(self) -> str:
@@ -138,7 +142,10 @@ class TaggedMatcher:
     def accept_token(self, token_id: int) -> bool:
         """Advance by one token (``False``, unchanged, for a token the step refuses)."""
         if self.is_answering:
-            return self.inner.accept_token(token_id)
+            accepted = self.inner.accept_token(token_id)
+            if accepted:
+                self._events.append(("inner", 0))
+            return accepted
         if not self.free_mask[token_id >> 5] >> (token_id & 31) & 1:
             return False
         piece = self._pieces[token_id]
@@ -148,8 +155,10 @@ class TaggedMatcher:
                 return False
             self._rationale += piece[:at]
             self.is_answering = True
+            self._events.append(("entry", at))
             return True
         self._rationale += piece
+        self._events.append(("free", len(piece)))
         self.free_used += 1
         self.is_answering = self.free_used >= self.free_tokens
         return True
@@ -157,11 +166,14 @@ class TaggedMatcher:
     def accept_tokens(self, token_ids: Sequence[int]) -> bool:
         """Accept all of ``token_ids`` or none. Outside the answer they are the answer's
         opening (a closing completion): the answer opens first."""
-        if self.is_answering:
-            return self.inner.accept_tokens(token_ids)
-        if not self.inner.accept_tokens(token_ids):
+        if not self.is_answering:
+            if not self.inner.accept_tokens(token_ids):
+                return False
+            self.is_answering = True
+            self._events.append(("open", 0))
+        elif not self.inner.accept_tokens(token_ids):
             return False
-        self.is_answering = True
+        self._events.extend(("inner", 0) for _ in token_ids)
         return True
 
     def jump_forward_tokens(self, tokenize: Tokenize, room: int) -> list[int]:
@@ -171,6 +183,34 @@ class TaggedMatcher:
     def closing_tokens(self, remaining: int, tokenize: Tokenize) -> list[int]:
         """The shortest answer when it must start now to fit ``remaining`` tokens."""
         return self.inner.closing_tokens(remaining, tokenize)
+
+    def completion_tokens(self, tokenize: Tokenize) -> list[int] | None:
+        """The shortest answer's tokens from here (the whole answer before it opens)."""
+        return self.inner.completion_tokens(tokenize)
+
+    def rollback(self, num_tokens: int = 1) -> None:
+        """Undo the last ``num_tokens`` accepted tokens, free text included.
+
+        Raises:
+            ValueError: more tokens than were accepted.
+        """
+        if num_tokens < 0 or num_tokens > len(self._events):
+            raise ValueError(f"cannot roll back {num_tokens} tokens: {len(self._events)} can be")
+        for _ in range(num_tokens):
+            kind, size = self._events.pop()
+            if kind == "inner":
+                self.inner.rollback(1)
+                if self._events and self._events[-1][0] == "open":
+                    self._events.pop()
+                    self.is_answering = False
+                continue
+            if kind == "entry":
+                self.inner.rollback(1)
+            else:
+                self.free_used -= 1
+            if size:
+                del self._rationale[-size:]
+            self.is_answering = self.free_used >= self.free_tokens
 
     def is_only_stop_allowed(self) -> bool:
         return self.is_answering and self.inner.is_only_stop_allowed()

@@ -23,7 +23,7 @@ import numpy as np
 
 from formline.backends.base import Backend, BackendError
 from formline.mask.bitmask import allocate_token_bitmask, apply_token_bitmask_inplace
-from formline.mask.matcher import GrammarMatcher
+from formline.mask.matcher import CLOSING_MARGIN_TOKENS, CLOSING_WINDOW_TOKENS, GrammarMatcher
 from formline.pipeline.listeners import Deadline, StepListener, TokenFeed
 from formline.pipeline.pressure import PressureListener
 
@@ -177,6 +177,8 @@ class _Loop:
             token = self.choose(logits)
             if token in self.stop_ids or (matcher is not None and matcher.is_terminated()):
                 return "stop"
+            if self.closes_instead(token):
+                return "stop"
             self.output.append(token)
             if matcher is not None and matcher.is_only_stop_allowed():
                 return "stop"
@@ -254,8 +256,44 @@ class _Loop:
         tokens = matcher.jump_forward_tokens(self.engine.tokenize, room)
         if not tokens or not matcher.accept_tokens(tokens):
             return []
+        if self.sampling.close_within_budget and not self._still_closable(budget - len(tokens)):
+            matcher.rollback(len(tokens))  # sampled instead: the next step can still close
+            return []
         self.forced_tokens += len(tokens)
         return tokens
+
+    def closes_instead(self, token: int) -> bool:
+        """Whether ``token`` (accepted) would leave too few tokens for the shortest
+        completion, so it was taken back and the completion written instead. One token can
+        lengthen the completion by many: on invoice-10 a ``},`` with 19 tokens left turned a
+        6-token completion (``}],"total":0}``) into a 19-token one (another item's required
+        fields), and the answer ran into max_tokens. Costs one search per step in the last
+        CLOSING_WINDOW_TOKENS."""
+        matcher, sampling = self.matcher, self.sampling
+        if matcher is None or not sampling.close_within_budget:
+            return False
+        if self._still_closable(sampling.max_tokens - len(self.output) - 1):
+            return False
+        matcher.rollback(1)
+        completion = matcher.completion_tokens(self.engine.tokenize)
+        room = sampling.max_tokens - len(self.output)
+        if not completion or len(completion) > room or not matcher.accept_tokens(completion):
+            matcher.accept_token(token)  # nothing better: keep the model's token
+            return False
+        self.output.extend(completion)
+        self.closing_tokens = len(completion)
+        return True
+
+    def _still_closable(self, left: int) -> bool:
+        """Whether, with ``left`` tokens after the forced ones, the shortest completion still
+        fits with the closing margin. A forced key (``"unit_price": ``) spends several
+        tokens in one step: on invoice-10 it jumped past the last step at which the array
+        could still be closed, and the answer ran into max_tokens (a cut-off in 1 of 72)."""
+        if left > CLOSING_WINDOW_TOKENS:
+            return True
+        assert self.matcher is not None
+        completion = self.matcher.completion_tokens(self.engine.tokenize)
+        return completion is not None and len(completion) + CLOSING_MARGIN_TOKENS <= left
 
 
 def choose_token(

@@ -36,6 +36,12 @@ from formline.pipeline.tolerance import coerce_numbers, tolerant_schema
 from formline.schema.api import SchemaCheck, parse_output
 
 CUT_OFF = ("length", "timeout", "cancelled")
+# The defaults, chosen by measurement on extraction-dev with the embedded model (README,
+# docs/results/strategies): see the closing note of issue 17 for the table.
+DEFAULT_DESCRIBE: bool | str = False
+DEFAULT_WHITESPACE: int | None = 16  # a newline and indentation, as SmolLM2 writes JSON
+DEFAULT_NUMBERS = "strict"
+DEFAULT_THINK = 0
 UNREAD: Any = type(
     "Unread", (), {"__repr__": lambda self: "UNREAD"}
 )()  # no JSON read  # finish reasons of an output that did not end
@@ -139,13 +145,13 @@ def generate(
     top_p: float = 1.0,
     seed: int | None = None,
     max_tokens: int = 256,
-    describe_schema: bool | str = True,
+    describe_schema: bool | str = DEFAULT_DESCRIBE,
     free: bool = False,
     jump_forward: bool = True,
     system: str | None = None,
-    whitespace: int | None = None,
-    numbers: str = "strict",
-    think: int = 0,
+    whitespace: int | None = DEFAULT_WHITESPACE,
+    numbers: str = DEFAULT_NUMBERS,
+    think: int = DEFAULT_THINK,
 ) -> Result:
     """Generate from ``prompt`` (text or chat messages) under ``output``.
 
@@ -189,9 +195,9 @@ class Shaping:
     """How the answer's form is shaped beyond the constraint: JSON whitespace allowed,
     numbers spelled as the model likes (``"tolerant"``), free tokens before the answer."""
 
-    whitespace: int | None = None
-    numbers: str = "strict"
-    think: int = 0
+    whitespace: int | None = DEFAULT_WHITESPACE
+    numbers: str = DEFAULT_NUMBERS
+    think: int = DEFAULT_THINK
 
     def __post_init__(self) -> None:
         if self.numbers not in ("strict", "tolerant"):
@@ -237,7 +243,7 @@ class GenerationRequest:
         engine: Backend,
         sampling: Sampling,
         *,
-        describe_schema: bool | str = True,
+        describe_schema: bool | str = DEFAULT_DESCRIBE,
         free: bool = False,
         system: str | None = None,
         shaping: Shaping | None = None,
@@ -254,7 +260,7 @@ class GenerationRequest:
             plan.client_check = SchemaCheck(given.schema())
         compile_seconds = time.perf_counter() - started
         shaping = shaping or Shaping()
-        messages = prompt_messages(prompt, _description(given, describe_schema), system)
+        messages = prompt_messages(prompt, describe_constraint(given, describe_schema), system)
         if shaping.think and not free:
             messages = _ask_to_think(messages)
         matcher: Any = None
@@ -303,7 +309,7 @@ def _ask_to_think(messages: list[dict[str, str]]) -> list[dict[str, str]]:
     return [*messages[:-1], last]
 
 
-def _description(given: Constraint, style: bool | str) -> str:
+def describe_constraint(given: Constraint, style: bool | str) -> str:
     """The prompt's description of the constraint in ``style`` (see :func:`generate`)."""
     if style is False or style == "none":
         return ""

@@ -29,7 +29,15 @@ from pydantic import ValidationError
 
 from formline.backends.base import Backend
 from formline.pipeline.decoding import Sampling
-from formline.pipeline.generate import GenerationRequest, Result, backend_for
+from formline.pipeline.generate import (
+    DEFAULT_DESCRIBE,
+    DEFAULT_NUMBERS,
+    DEFAULT_WHITESPACE,
+    GenerationRequest,
+    Result,
+    Shaping,
+    backend_for,
+)
 from formline.pipeline.listeners import StepListener
 from formline.pipeline.partial import NOTHING, PartialJson, partial_model
 from formline.vocab import Vocabulary
@@ -73,12 +81,15 @@ def stream(
     top_p: float = 1.0,
     seed: int | None = None,
     max_tokens: int = 256,
-    describe_schema: bool = True,
+    describe_schema: bool | str = DEFAULT_DESCRIBE,
     jump_forward: bool = True,
     system: str | None = None,
+    whitespace: int | None = DEFAULT_WHITESPACE,
+    numbers: str = DEFAULT_NUMBERS,
 ) -> Stream:
     """A :class:`Stream` of ``prompt`` under ``output``: :func:`formline.generate`'s
-    arguments, iterated (sync or async) for partial values and the final one.
+    arguments, iterated (sync or async) for partial values and the final one (``think``
+    is not offered: the partial values are read from the answer as it is written).
 
     Raises (here, before any decoding):
         formline.schema.SchemaError / GrammarError: ``output`` does not compile.
@@ -93,6 +104,7 @@ def stream(
         Sampling(temperature, top_p, seed, max_tokens, jump_forward),
         describe_schema=describe_schema,
         system=system,
+        shaping=Shaping(whitespace, numbers),
     )
     return Stream(request)
 

@@ -25,6 +25,7 @@ from formline.grammar.budget import DEFAULT_COMPILE_SECONDS, CompileBudget
 from formline.grammar.ir import Choice as ChoiceNode
 from formline.grammar.ir import Grammar, GrammarError, RuleReference
 from formline.grammar.regex import parse_regex
+from formline.pipeline.generate import DEFAULT_WHITESPACE
 from formline.schema import SchemaError
 from formline.server.errors import ApiError
 from formline.server.requests import ChatRequest, Tool
@@ -151,7 +152,10 @@ def _tool_plan(request: ChatRequest, vocabulary: Vocabulary, budget: CompileBudg
 
 
 def _tool_constraint(schema: dict[str, Any], strict: bool, param: str) -> Constraint:
-    return Constraint("json_schema", schema, strict, close_objects=True, source=param)
+    return Constraint(
+        "json_schema", schema, strict, whitespace=DEFAULT_WHITESPACE, close_objects=True,
+        source=param,
+    )  # fmt: skip
 
 
 def _tool_at(pointer: str | None, several: bool) -> str:

@@ -34,7 +34,7 @@ from typing import Any, Protocol
 from formline.backends.base import Backend, BackendError
 from formline.constraint import Plan
 from formline.pipeline.decoding import Generation, Sampling, decode
-from formline.pipeline.generate import prompt_messages
+from formline.pipeline.generate import DEFAULT_DESCRIBE, describe_constraint, prompt_messages
 from formline.pipeline.listeners import StepListener
 from formline.server.constraints import plan_output
 from formline.server.errors import ApiError
@@ -89,6 +89,7 @@ class Engine:
         # Decoding loops by how they ended, and the tokens they wrote (``/health`` shows it).
         self.stats = {"stop": 0, "length": 0, "timeout": 0, "cancelled": 0, "tokens": 0}
         self.compiling = 0  # constraint compiles running now (``/health`` shows it)
+        self.describe_schema: bool | str = DEFAULT_DESCRIBE
 
     def deadline(self) -> float:
         """The ``time.monotonic()`` by which a request starting now must be answered."""
@@ -151,7 +152,7 @@ class Engine:
         """
         deadline = deadline if deadline is not None else self.deadline()
         plan = plan if plan is not None else self.plan(request, deadline)
-        messages = prompt_messages(request.messages, plan.description)
+        messages = prompt_messages(request.messages, self._description(plan))
         choices, prompt_tokens, completion_tokens = [], 0, 0
         for index in range(request.n):
             seed = None if request.seed is None else request.seed + index
@@ -171,6 +172,15 @@ class Engine:
             if generation.finish_reason == "cancelled":
                 break
         return Completion(choices, prompt_tokens, completion_tokens)
+
+    def _description(self, plan: Plan) -> str:
+        """What the prompt says of the constraint: tools are always described (the model
+        must know their names); a response schema as :data:`DEFAULT_DESCRIBE` says (not at
+        all by default: on extraction-dev the embedded model was more often right without,
+        README's strategy table)."""
+        if plan.mode != "content" or plan.constraint.kind != "json_schema":
+            return plan.description
+        return describe_constraint(plan.constraint, self.describe_schema)
 
     def _count(self, generation: Generation) -> None:
         with self.lock_stats:

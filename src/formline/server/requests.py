@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from formline.constraint import Constraint
+from formline.pipeline.generate import DEFAULT_WHITESPACE
 from formline.server.errors import ApiError, unsupported
 from formline.server.messages import load_json, parse_messages
 
@@ -383,9 +384,13 @@ def read_json_schema_format(
 
 def json_constraint(kind: str, schema: Any, strict: bool, param: str) -> Constraint:
     """A JSON constraint as the server compiles it: open objects closed where that narrows
-    (vLLM's xgrammar default, :mod:`formline.schema.closing`); ``strict`` false checks an
-    unsupported keyword after decoding."""
-    return Constraint(kind, schema, strict, close_objects=True, source=param)
+    (vLLM's xgrammar default, :mod:`formline.schema.closing`), whitespace as
+    :data:`~formline.pipeline.generate.DEFAULT_WHITESPACE` allows (xgrammar and llguidance
+    allow any by default; formline bounds it so a model cannot loop on newlines);
+    ``strict`` false checks an unsupported keyword after decoding."""
+    return Constraint(
+        kind, schema, strict, whitespace=DEFAULT_WHITESPACE, close_objects=True, source=param
+    )
 
 
 def _guided(key: str, value: Any, param: str, limits: Limits) -> Constraint:
