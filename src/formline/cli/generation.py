@@ -47,7 +47,7 @@ def add_model_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--free", action="store_true", help="no mask (for comparison)")
     parser.add_argument(
         "--describe-schema",
-        choices=("none", "schema", "fields"),
+        choices=("none", "auto", "schema", "fields"),
         default=_style(DEFAULT_DESCRIBE),
         help="how the prompt describes a schema (default: %(default)s, chosen by measurement)",
     )

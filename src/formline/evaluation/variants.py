@@ -17,6 +17,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from formline.pipeline.extract import DEFAULT_INSTRUCTION
+
 NUMERIC_TYPES = ("integer", "number")
 NUMERIC_KEYWORDS = ("minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum", "multipleOf")
 # Free-text fields the model writes its evidence or reasoning in (not the answer itself).
@@ -37,13 +39,16 @@ class Variant:
 
     name: str
     mode: str = "constrained"  # "free", "constrained" or "repair"
-    describe_schema: bool | str = False  # True/"schema" (compact JSON), "fields", False
+    describe_schema: bool | str = False  # True/"schema", "fields", "auto", False
     one_shot: bool = False
     string_typed: bool = False
     order: str | None = None  # "evidence-first", "answer-first" or None (the schema's)
     whitespace: int | None = None  # JSON whitespace bytes allowed between tokens
     numbers: str = "strict"  # "tolerant": spelled numbers admitted, coerced after
     think: int = 0  # free tokens before the answer
+    # The instruction ``formline.extract`` uses when given none, instead of the task's own
+    # (which names the fields): what a user who passes only a model gets.
+    generic_instruction: bool = False
     help: str = ""
 
     def generation_options(self) -> dict[str, Any]:
@@ -64,7 +69,8 @@ class Variant:
 
     def prompt(self, task: dict[str, Any], schema: dict[str, Any]) -> str:
         """Instruction, text and, for one-shot, an example of the target format."""
-        prompt = f"{task['instruction']}\n\n{task['text']}"
+        instruction = DEFAULT_INSTRUCTION if self.generic_instruction else task["instruction"]
+        prompt = f"{instruction}\n\n{task['text']}"
         if self.one_shot:
             example = json.dumps(example_instance(schema), ensure_ascii=False)
             prompt += (
@@ -118,6 +124,22 @@ VARIANTS: dict[str, Variant] = {
         Variant(
             "pretty+string-typed", whitespace=PRETTY, string_typed=True,
             help="indented, numbers as strings",
+        ),
+        Variant(
+            "generic", whitespace=PRETTY, generic_instruction=True,
+            help="extract's own instruction, not the task's",
+        ),
+        Variant(
+            "generic+fields", whitespace=PRETTY, generic_instruction=True,
+            describe_schema="fields", help="extract's instruction, field list",
+        ),
+        Variant(
+            "pretty+auto", whitespace=PRETTY, describe_schema="auto",
+            help="field list when the prompt does not name the fields",
+        ),
+        Variant(
+            "generic+auto", whitespace=PRETTY, generic_instruction=True, describe_schema="auto",
+            help="extract's instruction, field list when unnamed",
         ),
     )
 }  # fmt: skip

@@ -152,7 +152,7 @@ class Engine:
         """
         deadline = deadline if deadline is not None else self.deadline()
         plan = plan if plan is not None else self.plan(request, deadline)
-        messages = prompt_messages(request.messages, self._description(plan))
+        messages = prompt_messages(request.messages, self._description(plan, request.messages))
         choices, prompt_tokens, completion_tokens = [], 0, 0
         for index in range(request.n):
             seed = None if request.seed is None else request.seed + index
@@ -173,14 +173,14 @@ class Engine:
                 break
         return Completion(choices, prompt_tokens, completion_tokens)
 
-    def _description(self, plan: Plan) -> str:
+    def _description(self, plan: Plan, messages: list[dict[str, str]]) -> str:
         """What the prompt says of the constraint: tools are always described (the model
-        must know their names); a response schema as :data:`DEFAULT_DESCRIBE` says (not at
-        all by default: on extraction-dev the embedded model was more often right without,
-        README's strategy table)."""
+        must know their names); a response schema as :data:`DEFAULT_DESCRIBE` says (by default
+        a field list only when the messages do not name the fields: on extraction-dev the
+        embedded model was more often right without one, README's strategy table)."""
         if plan.mode != "content" or plan.constraint.kind != "json_schema":
             return plan.description
-        return describe_constraint(plan.constraint, self.describe_schema)
+        return describe_constraint(plan.constraint, self.describe_schema, messages)
 
     def _count(self, generation: Generation) -> None:
         with self.lock_stats:
