@@ -256,7 +256,11 @@ class _Loop:
         tokens = matcher.jump_forward_tokens(self.engine.tokenize, room)
         if not tokens or not matcher.accept_tokens(tokens):
             return []
-        if self.sampling.close_within_budget and not self._still_closable(budget - len(tokens)):
+        if (
+            self.sampling.close_within_budget
+            and self._can_roll_back(len(tokens))
+            and not self._still_closable(budget - len(tokens))
+        ):
             matcher.rollback(len(tokens))  # sampled instead: the next step can still close
             return []
         self.forced_tokens += len(tokens)
@@ -270,7 +274,7 @@ class _Loop:
         fields), and the answer ran into max_tokens. Costs one search per step in the last
         CLOSING_WINDOW_TOKENS."""
         matcher, sampling = self.matcher, self.sampling
-        if matcher is None or not sampling.close_within_budget:
+        if matcher is None or not sampling.close_within_budget or not self._can_roll_back(1):
             return False
         if self._still_closable(sampling.max_tokens - len(self.output) - 1):
             return False
@@ -283,6 +287,11 @@ class _Loop:
         self.output.extend(completion)
         self.closing_tokens = len(completion)
         return True
+
+    def _can_roll_back(self, count: int) -> bool:
+        """Whether the matcher can undo ``count`` tokens (a server may cap its history)."""
+        limit = getattr(self.matcher, "max_rollback_tokens", None)
+        return limit is None or limit >= count
 
     def _still_closable(self, left: int) -> bool:
         """Whether, with ``left`` tokens after the forced ones, the shortest completion still
