@@ -60,7 +60,12 @@ def run_task(task: dict[str, Any], mode: str, backend: Any, max_tokens: int) -> 
         record["failed"] = isinstance(outcome, Failed)
         pressure: dict[str, Any] = {}
     else:
-        result = generate(prompt, schema, backend, max_tokens=max_tokens, free=mode == "free")
+        # Free decoding describes the schema (the model has nothing else to go by); the
+        # constrained mode uses generate's measured defaults (no description).
+        free = mode == "free"
+        result = generate(
+            prompt, schema, backend, max_tokens=max_tokens, free=free, describe_schema=free
+        )
         text, pressure = result.text, result.pressure
         record["finish_reason"] = result.finish_reason
         record["tokens"] = result.usage["completion_tokens"]
