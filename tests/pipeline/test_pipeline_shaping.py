@@ -39,6 +39,14 @@ def test_indented_json_is_written_as_the_model_likes_it(llama_backend: Any) -> N
     assert pretty.text == PRETTY and pretty.value.age == 36
     compact = generate("Ada, 36.", Person, engine, whitespace=None, max_tokens=40)
     assert compact.text != PRETTY and "\n" not in compact.text  # compact JSON refuses it
+    # A Constraint is taken as given: its own (compact) whitespace, not generate's default.
+    given = generate(
+        "Ada, 36.",
+        Constraint("json_schema", Person),
+        ScriptedEngine(llama_backend, PRETTY),
+        max_tokens=40,
+    )
+    assert "\n" not in given.text
 
 
 def test_the_field_list_describes_the_schema_without_its_keywords(llama_backend: Any) -> None:
