@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from bench.core_bench import machine_info
+from formline.evaluation.confidence import auroc
 from formline.evaluation.dataset import extraction_dev_directory
 from formline.evaluation.runner import is_valid, load_tasks
 
@@ -80,16 +81,6 @@ def run_task(task: dict[str, Any], mode: str, backend: Any, max_tokens: int) -> 
     return record
 
 
-def auroc(scores: list[float], labels: list[bool]) -> float | None:
-    """P(score of a wrong field > score of a right one), ties counting one half."""
-    wrong = [score for score, label in zip(scores, labels, strict=True) if label]
-    right = [score for score, label in zip(scores, labels, strict=True) if not label]
-    if not wrong or not right:
-        return None
-    wins = sum((w > r) + 0.5 * (w == r) for w in wrong for r in right)
-    return wins / (len(wrong) * len(right))
-
-
 def pressure_evaluation(
     records: list[dict[str, Any]], threshold: float, key: str = "pressure"
 ) -> dict[str, Any]:
@@ -104,6 +95,7 @@ def pressure_evaluation(
         "fields": len(scores),
         "wrong": sum(labels),
         "flagged": sum(flagged),
+        # P(a wrong field's pressure > a right one's): wrong plays the part of "right".
         "auroc": auroc(scores, labels),
         "precision": true_positive / sum(flagged) if any(flagged) else None,
         "recall": true_positive / sum(labels) if any(labels) else None,

@@ -10,7 +10,6 @@ the schema alone (:func:`example_instance`), never from a task's gold.
 
 from __future__ import annotations
 
-import copy
 import json
 import re
 from collections.abc import Callable
@@ -18,6 +17,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from formline.pipeline.extract import DEFAULT_INSTRUCTION
+from formline.pipeline.tolerance import map_subschemas
 
 NUMERIC_TYPES = ("integer", "number")
 NUMERIC_KEYWORDS = ("minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum", "multipleOf")
@@ -162,14 +162,14 @@ def parse_variants(text: str | None) -> list[Variant]:
 
 
 def _map_schemas(schema: Any, change: Callable[[dict[str, Any]], None]) -> Any:
-    """A deep copy of ``schema`` with ``change`` applied to every subschema (post-order)."""
-    if isinstance(schema, list):
-        return [_map_schemas(item, change) for item in schema]
-    if not isinstance(schema, dict):
-        return copy.deepcopy(schema)
-    result = {key: _map_schemas(value, change) for key, value in schema.items()}
-    change(result)
-    return result
+    """A copy of ``schema`` with ``change`` applied in place to every subschema (post-order;
+    see :func:`formline.pipeline.tolerance.map_subschemas`)."""
+
+    def changed(node: dict[str, Any]) -> dict[str, Any]:
+        change(node)
+        return node
+
+    return map_subschemas(schema, changed)
 
 
 def _retype_numbers(node: dict[str, Any]) -> None:

@@ -28,11 +28,11 @@ NUMBER_TEXT = r"^[+-]?[0-9A-Za-z][0-9A-Za-z ,.'-]{0,39}$"
 PLAIN_NUMBER = re.compile(r"^[+-]?(\d+(\.\d*)?|\.\d+)([eE][+-]?\d+)?$")
 
 
-def _map_schemas(schema: Any, change: Callable[[dict[str, Any]], dict[str, Any]]) -> Any:
+def map_subschemas(schema: Any, change: Callable[[dict[str, Any]], dict[str, Any]]) -> Any:
     """A copy of ``schema`` with ``change`` applied to every subschema (post-order); the
     keys of ``properties``, ``$defs`` and ``patternProperties`` are names, not keywords."""
     if isinstance(schema, list):
-        return [_map_schemas(item, change) for item in schema]
+        return [map_subschemas(item, change) for item in schema]
     if not isinstance(schema, dict):
         return copy.deepcopy(schema)
     result: dict[str, Any] = {}
@@ -40,9 +40,9 @@ def _map_schemas(schema: Any, change: Callable[[dict[str, Any]], dict[str, Any]]
         if key in ("properties", "$defs", "definitions", "patternProperties") and isinstance(
             value, dict
         ):
-            result[key] = {name: _map_schemas(sub, change) for name, sub in value.items()}
+            result[key] = {name: map_subschemas(sub, change) for name, sub in value.items()}
         elif isinstance(value, dict | list) and key not in ("enum", "const", "default"):
-            result[key] = _map_schemas(value, change)
+            result[key] = map_subschemas(value, change)
         else:
             result[key] = copy.deepcopy(value)
     return change(result)
@@ -66,7 +66,7 @@ def tolerant_schema(schema: Any) -> Any:
     unchanged. Costs one walk of the schema."""
     if not isinstance(schema, dict):
         return schema
-    return _map_schemas(schema, _tolerate)
+    return map_subschemas(schema, _tolerate)
 
 
 def read_number(text: str, integer: bool) -> int | float | None:
