@@ -54,7 +54,8 @@ def free_text_mask(compiled: CompiledGrammar, trigger: bytes) -> np.ndarray:
     """The free phase's allowed tokens as uint32 words: all but stop and special tokens,
     and, of the tokens containing ``trigger``, only those whose text from the trigger on
     starts the grammar. Cached per compiled grammar; costs one scan of the vocabulary's
-    token bytes (about 5 ms for 49k tokens) plus a walk of each token with the trigger."""
+    token bytes plus a walk of each token with the trigger: 8 ms for SmolLM2's 49k tokens
+    and a person schema (measured once per compile, not per token)."""
     key = (id(compiled), trigger)
     with _free_masks_lock:
         found = _free_masks.get(key)
