@@ -213,7 +213,9 @@ class Plan:
     ``checker``: the after-check of the schema the grammar came from; ``client_check``:
     that of the schema as given, when objects were closed. ``mode`` and ``tool_name`` say
     how the server reads the text (``content``; ``tool_named``, the named tool's arguments;
-    ``tool_wrapped``, name/arguments objects; ``tool_auto``, those or free text).
+    ``tool_wrapped``, name/arguments objects; ``tool_auto``, those or free text;
+    ``tool_tagged``, free text and calls in the model's own tags). ``tool_format`` names the
+    server's tool-call syntax (``json``, ``llama3``, ``hermes``, ``smollm2``).
     """
 
     constraint: Constraint
@@ -223,6 +225,7 @@ class Plan:
     description: str = field(default="")
     mode: str = "content"
     tool_name: str | None = None
+    tool_format: str = "json"
 
     def __post_init__(self) -> None:
         if not self.description:

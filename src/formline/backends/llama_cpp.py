@@ -93,6 +93,12 @@ class LlamaCppBackend:
 
     # ----------------------------------------------------------------- prompts
 
+    @property
+    def chat_template(self) -> str | None:
+        """The GGUF's ``tokenizer.chat_template`` (``None``: it has none)."""
+        template = self.llm.metadata.get("tokenizer.chat_template")
+        return str(template) if template else None
+
     def render_chat(self, messages: list[dict[str, str]]) -> str:
         """The prompt for ``messages`` from the GGUF's own ``tokenizer.chat_template``.
 
@@ -105,7 +111,7 @@ class LlamaCppBackend:
         The first call compiles the template (milliseconds); later calls only render.
         """
         if self._chat_formatter is None:
-            template = self.llm.metadata.get("tokenizer.chat_template")
+            template = self.chat_template
             if not template:
                 raise BackendError(f"{self.model_path.name} has no tokenizer.chat_template")
             from llama_cpp.llama_chat_format import Jinja2ChatFormatter

@@ -92,6 +92,12 @@ class TransformersBackend:
         self._cache_name = "cache" if "cache" in parameters else "past_key_values"
         self._cache: Any = None
 
+    @property
+    def chat_template(self) -> str | None:
+        """The tokenizer's chat template text (``None``: it has none)."""
+        template = getattr(self.tokenizer, "chat_template", None)
+        return template if isinstance(template, str) else None
+
     def render_chat(self, messages: list[dict[str, str]]) -> str:
         """The model's chat template applied to ``messages``, assistant turn opened.
 

@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from formline.server.requests import Limits
+from formline.server.tool_formats import FORMATS, TOOL_FORMAT_NAMES, detect_tool_format
 
 DEFAULT_HOST = "127.0.0.1"
 DEFAULT_PORT = 8000
@@ -28,6 +29,10 @@ def register(commands: Any) -> None:
     )
     serve.add_argument("--served-model-name", help="the model id (default: the file's name)")
     serve.add_argument("--threads", type=int, default=None, help="CPU threads of the model")
+    serve.add_argument(
+        "--tool-format", default="auto", choices=("auto", *TOOL_FORMAT_NAMES),
+        help="how tool calls are written: the chat template's own syntax (auto), or one named",
+    )  # fmt: skip
     limits = Limits()
     for name, value in vars(limits).items():
         flag = "--" + name.replace("_", "-")
@@ -50,8 +55,11 @@ def build_engine(
     limits: Limits | None = None,
     threads: int | None = None,
     model_id: str | None = None,
+    tool_format: str = "auto",
 ) -> Any:
-    """An :class:`~formline.server.engine.Engine` over a freshly loaded backend.
+    """An :class:`~formline.server.engine.Engine` over a freshly loaded backend, its tool
+    calls in ``tool_format`` (``auto``: the one the chat template defines, see
+    :func:`~formline.server.tool_formats.detect_tool_format`).
 
     Raises:
         BackendError: the model cannot be loaded.
@@ -64,7 +72,13 @@ def build_engine(
     if threads is not None:
         options["n_threads" if backend.startswith("llama") else "threads"] = threads
     loaded = load_backend(backend, model, **options)
-    return Engine(loaded, model_id or model_id_for(model), limits or Limits())
+    engine = Engine(loaded, model_id or model_id_for(model), limits or Limits())
+    engine.tool_format = (
+        detect_tool_format(getattr(loaded, "chat_template", None))
+        if tool_format == "auto"
+        else FORMATS[tool_format]
+    )
+    return engine
 
 
 def run_serve(arguments: argparse.Namespace) -> int:
@@ -80,9 +94,13 @@ def run_serve(arguments: argparse.Namespace) -> int:
     logging.basicConfig(level=arguments.log_level.upper(), format="%(levelname)s %(message)s")
     limits = Limits(**{name: getattr(arguments, name) for name in vars(Limits())})
     engine = build_engine(
-        arguments.model, arguments.backend, limits, arguments.threads, arguments.served_model_name
-    )
+        arguments.model, arguments.backend, limits, arguments.threads,
+        arguments.served_model_name, arguments.tool_format,
+    )  # fmt: skip
     app = create_app(engine, arguments.api_key)
-    print(f"formline serve: {engine.model_id} on http://{arguments.host}:{arguments.port}/v1")
+    print(
+        f"formline serve: {engine.model_id} on http://{arguments.host}:{arguments.port}/v1 "
+        f"(tool calls: {engine.tool_format.name})"
+    )
     uvicorn.run(app, host=arguments.host, port=arguments.port, log_level=arguments.log_level)
     return 0

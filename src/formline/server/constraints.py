@@ -12,7 +12,10 @@ schema); ``required`` → a JSON array of 1 to ``max_tool_calls`` call objects
 or, with ``parallel_tool_calls`` false, one such object; ``auto`` → a grammar whose
 first byte decides: ``{`` or ``[`` starts the tool call(s) (fully constrained), any other
 byte starts free text. So under ``auto`` the model chooses with its first byte; an answer
-that begins with ``{`` or ``[`` is always a tool call.
+that begins with ``{`` or ``[`` is always a tool call. That is the ``json`` tool format;
+``llama3`` is the same with ``parameters`` for ``arguments``. The tagged formats
+(``hermes``, ``smollm2``, :mod:`.tool_formats`) write calls in the model's own tags:
+``auto`` is free text then optional tags, ``required`` the tags alone.
 """
 
 from __future__ import annotations
@@ -25,10 +28,12 @@ from formline.grammar.budget import DEFAULT_COMPILE_SECONDS, CompileBudget
 from formline.grammar.ir import Choice as ChoiceNode
 from formline.grammar.ir import Grammar, GrammarError, RuleReference
 from formline.grammar.regex import parse_regex
+from formline.grammar.tags import tagged_grammar
 from formline.pipeline.generate import DEFAULT_WHITESPACE
 from formline.schema import SchemaError
 from formline.server.errors import ApiError
 from formline.server.requests import ChatRequest, Tool
+from formline.server.tool_formats import FORMATS, ToolFormat, describe_tools
 from formline.vocab import Vocabulary
 
 # A request whose deadline is (nearly) spent still gets this much: its compile then fails
@@ -43,8 +48,10 @@ def plan_output(
     vocabulary: Vocabulary,
     deadline: float | None = None,
     compile_seconds: float = DEFAULT_COMPILE_SECONDS,
+    tool_format: ToolFormat = FORMATS["json"],
 ) -> Plan:
-    """The compiled constraint of ``request`` for ``vocabulary``.
+    """The compiled constraint of ``request`` for ``vocabulary`` (its tools, if any, in
+    ``tool_format``).
 
     ``deadline`` (a ``time.monotonic()`` value): the request's. The compile's budget is
     ``compile_seconds`` or what is left before ``deadline``, whichever is less, and the
@@ -60,7 +67,8 @@ def plan_output(
     seconds = compile_seconds
     if deadline is not None:
         seconds = min(seconds, deadline - time.monotonic())
-    plan = _plan(request, vocabulary, CompileBudget(seconds=max(seconds, MINIMUM_SECONDS)))
+    budget = CompileBudget(seconds=max(seconds, MINIMUM_SECONDS))
+    plan = _plan(request, vocabulary, budget, tool_format)
     if deadline is not None and time.monotonic() > deadline:
         raise ApiError(
             "compiling the output constraint ran past this server's time limit per request; "
@@ -72,9 +80,11 @@ def plan_output(
     return plan
 
 
-def _plan(request: ChatRequest, vocabulary: Vocabulary, budget: CompileBudget) -> Plan:
+def _plan(
+    request: ChatRequest, vocabulary: Vocabulary, budget: CompileBudget, form: ToolFormat
+) -> Plan:
     if request.tool_choice != "none":
-        return _tool_plan(request, vocabulary, budget)
+        return _tool_plan(request, vocabulary, budget, form)
     constraint = request.constraint
     try:
         return constraint.compile(vocabulary, budget)
@@ -87,20 +97,22 @@ def _compile_error(error: SchemaError | GrammarError, param: str) -> ApiError:
     return ApiError(message, param=param, code=code)
 
 
-def tool_call_schema(tools: list[Tool], max_calls: int = 1) -> dict[str, Any]:
-    """The JSON Schema of one call of any of ``tools`` (``{"name", "arguments"}``), or, when
-    ``max_calls > 1``, of an array of 1 to ``max_calls`` such calls."""
+def tool_call_schema(
+    tools: list[Tool], max_calls: int = 1, key: str = "arguments", array: bool = False
+) -> dict[str, Any]:
+    """The JSON Schema of one call of any of ``tools`` (``{"name", key}``), or, when
+    ``max_calls > 1`` or ``array``, of an array of 1 to ``max_calls`` such calls."""
     options: list[dict[str, Any]] = [
         {
             "type": "object",
-            "properties": {"name": {"const": tool.name}, "arguments": tool.parameters},
-            "required": ["name", "arguments"],
+            "properties": {"name": {"const": tool.name}, key: tool.parameters},
+            "required": ["name", key],
             "additionalProperties": False,
         }
         for tool in tools
     ]
     call = options[0] if len(options) == 1 else {"anyOf": options}
-    if max_calls <= 1:
+    if max_calls <= 1 and not array:
         return call
     return {"type": "array", "items": call, "minItems": 1, "maxItems": max_calls}
 
@@ -118,7 +130,9 @@ def _tools_description(tools: list[Tool], parallel: bool) -> str:
     return "\n".join(lines)
 
 
-def _tool_plan(request: ChatRequest, vocabulary: Vocabulary, budget: CompileBudget) -> Plan:
+def _tool_plan(
+    request: ChatRequest, vocabulary: Vocabulary, budget: CompileBudget, form: ToolFormat
+) -> Plan:
     tools, strict = request.tools, all(tool.strict for tool in request.tools)
     if request.tool_choice == "named":
         index, tool = next((i, t) for i, t in enumerate(tools) if t.name == request.named_tool)
@@ -134,21 +148,54 @@ def _tool_plan(request: ChatRequest, vocabulary: Vocabulary, budget: CompileBudg
         )
         plan.mode, plan.tool_name = "tool_named", tool.name
         return plan
-    max_calls = request.max_tool_calls if request.parallel_tool_calls else 1
-    constraint = _tool_constraint(tool_call_schema(tools, max_calls), strict, "tools")
+    parallel = request.parallel_tool_calls and form.parallel
+    max_calls = request.max_tool_calls if parallel else 1
+    # One tag per call (hermes) checks each call; one tag of all calls (smollm2), the array.
+    per_tag = form.is_tagged and not form.list_body
+    schema = tool_call_schema(
+        tools, 1 if per_tag else max_calls, form.arguments_key, array=form.list_body
+    )
+    constraint = _tool_constraint(schema, strict, "tools")
     try:
         plan = constraint.compile(vocabulary, budget)
-        if request.tool_choice == "auto":
-            either = Constraint("grammar", _tool_or_text(constraint), source="tools")
-            plan.compiled = either.compile(vocabulary, budget).compiled
+        grammar = _tool_grammar(constraint, form, request.tool_choice, max_calls)
+        if grammar is not None:
+            plan.compiled = (
+                Constraint("grammar", grammar, source="tools").compile(vocabulary, budget).compiled
+            )
     except SchemaError as error:
-        param = _tool_at(error.pointer, len(tools) > 1)
+        param = _tool_at(error.pointer, len(tools) > 1, form.arguments_key)
         raise _compile_error(error, param) from error
     except GrammarError as error:
         raise _compile_error(error, "tools") from error
+    plan.tool_format = form.name
+    if form.is_tagged:
+        plan.mode = "tool_tagged"
+        required = request.tool_choice == "required"
+        plan.description = describe_tools(form, tools, max_calls, required)
+        return plan
     plan.mode = "tool_auto" if request.tool_choice == "auto" else "tool_wrapped"
-    plan.description = _tools_description(tools, max_calls > 1)
+    plan.description = (
+        describe_tools(form, tools, max_calls, request.tool_choice == "required")
+        if form.name == "llama3"
+        else _tools_description(tools, max_calls > 1)
+    )
     return plan
+
+
+def _tool_grammar(
+    constraint: Constraint, form: ToolFormat, choice: str, max_calls: int
+) -> Grammar | None:
+    """The grammar of a tool-calling answer (``None``: the call schema's own grammar)."""
+    if not form.is_tagged:
+        return _tool_or_text(constraint) if choice == "auto" else None
+    body = constraint.grammar()
+    assert body is not None and form.trigger is not None
+    tags = 1 if form.list_body else max_calls
+    return tagged_grammar(
+        body, form.trigger, form.opening, form.closing, text_first=choice == "auto",
+        max_tags=tags,
+    )  # fmt: skip
 
 
 def _tool_constraint(schema: dict[str, Any], strict: bool, param: str) -> Constraint:
@@ -158,7 +205,7 @@ def _tool_constraint(schema: dict[str, Any], strict: bool, param: str) -> Constr
     )  # fmt: skip
 
 
-def _tool_at(pointer: str | None, several: bool) -> str:
+def _tool_at(pointer: str | None, several: bool, key: str = "arguments") -> str:
     """The request field at ``pointer`` of :func:`tool_call_schema`'s schema: a tool's
     ``parameters`` (``/items/anyOf/2/properties/arguments/...``), else ``tools``."""
     parts = (pointer or "").strip("/").split("/")
@@ -168,11 +215,7 @@ def _tool_at(pointer: str | None, several: bool) -> str:
         if parts[:1] != ["anyOf"] or len(parts) < 2:
             return "tools"
         index, parts = parts[1], parts[2:]
-    return (
-        f"tools[{index}].function.parameters"
-        if parts[:2] == ["properties", "arguments"]
-        else "tools"
-    )
+    return f"tools[{index}].function.parameters" if parts[:2] == ["properties", key] else "tools"
 
 
 def _tool_or_text(tools: Constraint) -> Grammar:

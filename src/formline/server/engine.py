@@ -39,6 +39,7 @@ from formline.pipeline.listeners import StepListener
 from formline.server.constraints import plan_output
 from formline.server.errors import ApiError
 from formline.server.requests import ChatRequest, Limits
+from formline.server.tool_formats import FORMATS, ToolFormat, read_tagged
 
 log = logging.getLogger("formline.server")
 INVALID_FINISH = "error"  # the finish_reason of an answer that failed the after-check
@@ -90,6 +91,9 @@ class Engine:
         self.stats = {"stop": 0, "length": 0, "timeout": 0, "cancelled": 0, "tokens": 0}
         self.compiling = 0  # constraint compiles running now (``/health`` shows it)
         self.describe_schema: bool | str = DEFAULT_DESCRIBE
+        # How tool calls are written: the model's own syntax where its template has one
+        # (formline serve detects it, tool_formats.detect_tool_format), else formline's JSON.
+        self.tool_format: ToolFormat = FORMATS["json"]
 
     def deadline(self) -> float:
         """The ``time.monotonic()`` by which a request starting now must be answered."""
@@ -101,8 +105,9 @@ class Engine:
         Costs one compile the first time a constraint is seen."""
         with self.counting_compile():
             return plan_output(
-                request, self.backend.vocabulary, deadline, self.limits.compile_seconds
-            )
+                request, self.backend.vocabulary, deadline, self.limits.compile_seconds,
+                self.tool_format,
+            )  # fmt: skip
 
     @contextmanager
     def counting_compile(self) -> Iterator[None]:
@@ -240,6 +245,8 @@ def read_choice(generation: Generation, plan: Plan) -> ChoiceOutput:
         return ChoiceOutput(text, finish)
     if plan.mode == "tool_auto" and not text.startswith(("{", "[")):
         return ChoiceOutput(text, finish)
+    if plan.mode == "tool_tagged":
+        return _read_tagged(text, finish, plan)
     try:
         value = json.loads(text)
     except json.JSONDecodeError as error:
@@ -253,15 +260,35 @@ def read_choice(generation: Generation, plan: Plan) -> ChoiceOutput:
     if plan.mode == "tool_named":
         return ChoiceOutput("", finish, [tool_call(plan.tool_name, text)], errors)
     calls = value if isinstance(value, list) else [value]
-    entries = [
+    return ChoiceOutput("", finish, _calls(calls, FORMATS[plan.tool_format]), errors)
+
+
+def _read_tagged(text: str, finish: str, plan: Plan) -> ChoiceOutput:
+    """Free text, then calls in tags (one call per tag, or one list of calls)."""
+    form = FORMATS[plan.tool_format]
+    try:
+        content, bodies = read_tagged(form, text)
+    except ValueError as error:
+        return ChoiceOutput(text, INVALID_FINISH, errors=[f"not a tool call: {error}"])
+    if bodies is None:
+        return ChoiceOutput(text, finish)
+    errors = [error for body in bodies for error in plan.check(body)]
+    if errors:
+        log.warning("a tool call failed the after-check: %s", "; ".join(errors)[:300])
+    calls = [call for body in bodies for call in (body if form.list_body else [body])]
+    finish = INVALID_FINISH if errors else "tool_calls"
+    return ChoiceOutput(content, finish, _calls(calls, form), errors)
+
+
+def _calls(calls: list[Any], form: ToolFormat) -> list[dict[str, Any]]:
+    return [
         tool_call(
             call.get("name"),
-            json.dumps(call.get("arguments"), separators=(",", ":"), ensure_ascii=False),
+            json.dumps(call.get(form.arguments_key), separators=(",", ":"), ensure_ascii=False),
         )
         for call in calls
         if isinstance(call, dict)
     ]
-    return ChoiceOutput("", finish, entries, errors)
 
 
 def tool_call(name: str | None, arguments: str) -> dict[str, Any]:

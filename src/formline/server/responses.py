@@ -25,7 +25,9 @@ def usage(completion: Completion) -> dict[str, int]:
 
 def _message(choice: ChoiceOutput) -> dict[str, Any]:
     if choice.tool_calls is not None:
-        return {"role": "assistant", "content": None, "tool_calls": choice.tool_calls}
+        # Text the model wrote before its calls (a tagged tool format) is the content.
+        content = choice.text or None
+        return {"role": "assistant", "content": content, "tool_calls": choice.tool_calls}
     return {"role": "assistant", "content": choice.text}
 
 

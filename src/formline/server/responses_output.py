@@ -88,7 +88,8 @@ def output_items(choice: ChoiceOutput) -> list[dict[str, Any]]:
     status = _item_status(choice)
     if choice.tool_calls is None:
         return [message_item(choice.text, status)]
-    return [
+    before = [message_item(choice.text, status)] if choice.text else []  # text, then calls
+    return before + [
         function_call_item(
             call["id"], call["function"]["name"], call["function"]["arguments"], status
         )
@@ -213,7 +214,8 @@ class ResponseEventWriter:
         )
 
     def calls(self, index: int, calls: list[dict[str, Any]]) -> str:
-        events = ""
+        # Text streamed before the calls (a tagged tool format) is a message item of its own.
+        events = self._close("completed") if self.open is not None else ""
         for call in calls:
             function = call["function"]
             events += self.arguments(index, function["arguments"], call["id"], function["name"])

@@ -38,6 +38,7 @@ from formline.server.engine import ChoiceOutput, Completion, Engine
 from formline.server.errors import ApiError, error_body
 from formline.server.requests import ChatRequest
 from formline.server.responses import new_id, usage
+from formline.server.tool_formats import FORMATS
 from formline.vocab import Vocabulary
 
 log = logging.getLogger("formline.server")
@@ -151,6 +152,11 @@ class ChoiceStream:
         self.sent = ""  # text sent as content or arguments
         self.held = ""  # text of calls sent whole at the end
         self.call_id = f"call_{uuid.uuid4().hex[:24]}"
+        # A tagged tool format streams text as content but holds back what may start its
+        # trigger (``<tool_c`` ...) until the trigger is complete (then a call) or broken.
+        form = FORMATS[plan.tool_format] if plan.mode == "tool_tagged" else None
+        self.trigger = form.trigger.decode() if form is not None and form.trigger else None
+        self.pending = ""
 
     def start(self) -> None:
         self.emit(self.writer.opening(self.index))
@@ -163,6 +169,8 @@ class ChoiceStream:
     def _text(self, text: str) -> bool:
         if not text:
             return True
+        if self.trigger is not None and self.route == "content":
+            return self._tagged_text(text)
         if self.route is None:
             self.route = "hold" if text[0] in "{[" else "content"
         if self.route == "hold":
@@ -173,19 +181,50 @@ class ChoiceStream:
             return self.emit(self.writer.content(self.index, text))
         return self.emit(self.writer.arguments(self.index, text, self.call_id, self.plan.tool_name))
 
+    def _tagged_text(self, text: str) -> bool:
+        assert self.trigger is not None
+        self.pending += text
+        at = self.pending.find(self.trigger)
+        if at >= 0:
+            send, self.held, self.pending = self.pending[:at], self.pending[at:], ""
+            self.route = "hold"
+        else:
+            keep = _partial_suffix(self.pending, self.trigger)
+            cut = len(self.pending) - keep
+            send, self.pending = self.pending[:cut], self.pending[cut:]
+        if not send:
+            return True
+        self.sent += send
+        return self.emit(self.writer.content(self.index, send))
+
     def finish(self, choice: ChoiceOutput) -> None:
         self.deltas.flush()
+        if self.pending:  # a partial trigger at the end was text after all
+            self.sent += self.pending
+            self.emit(self.writer.content(self.index, self.pending))
+            self.pending = ""
         if self.route in ("content", "arguments") and choice.text.startswith(self.sent):
             self._text(choice.text[len(self.sent) :])  # a backend's own decoding, if longer
         if choice.tool_calls is not None and self.route != "arguments":
             self.emit(self.writer.calls(self.index, choice.tool_calls))
         elif self.route == "hold" and choice.text:
-            self.emit(self.writer.content(self.index, choice.text))
+            rest = choice.text  # a cut-off call is text; what went out as text is not resent
+            if self.sent and rest.startswith(self.sent):
+                rest = rest[len(self.sent) :]
+            self.emit(self.writer.content(self.index, rest))
         self.emit(self.writer.closing(self.index, choice))
 
 
+def _partial_suffix(text: str, trigger: str) -> int:
+    """The length of the longest end of ``text`` that begins ``trigger``."""
+    for length in range(min(len(text), len(trigger) - 1), 0, -1):
+        if trigger.startswith(text[-length:]):
+            return length
+    return 0
+
+
 def _route(plan: Plan) -> str | None:
-    if not plan.is_json or plan.mode == "content":
+    if not plan.is_json or plan.mode in ("content", "tool_tagged"):
         return "content"
     if plan.mode == "tool_named":
         return "arguments"
