@@ -87,6 +87,7 @@ class CompileStatistics:
     unique_masks: int = 0  # so far: masks are computed lazily
     escape_groups: int = 0  # escape leftover entries so far
     states_walked: int = 0
+    closed_states: int = 0  # states whose walks take whole subtrees of the trie at once
     from_cache: str = "none"  # "none", "memory" or "disk"
 
 
@@ -189,6 +190,7 @@ class CompiledGrammar:
         stats.unique_masks = walked["unique_masks"]
         stats.escape_groups = walked["escape_entries"]
         stats.states_walked = walked["states_walked"]
+        stats.closed_states = walked["closed_states"]
         return stats
 
     def memory_bytes(self) -> int:

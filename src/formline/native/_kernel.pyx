@@ -26,6 +26,7 @@ cdef extern from "kernel.hpp" namespace "formline" nogil:
         int64_t escape_entries
         int64_t escape_checks
         int64_t memory_bytes
+        int64_t closed_states
 
     cdef cppclass Config:
         vector[int32_t] data
@@ -569,7 +570,8 @@ cdef class NativeMaskKernel:
 
     def statistics(self):
         """``dict`` of the walks so far: states walked, unique masks, escape entries and
-        checks, and the bytes the caches hold."""
+        checks, the bytes the caches hold, and the states whose walks take closed subtrees
+        of the vocabulary's trie whole (a string's content and its UTF-8 states)."""
         cdef KernelStatistics stats = self.kernel.statistics()
         return {
             "states_walked": stats.states_walked,
@@ -577,6 +579,7 @@ cdef class NativeMaskKernel:
             "escape_entries": stats.escape_entries,
             "escape_checks": stats.escape_checks,
             "memory_bytes": stats.memory_bytes,
+            "closed_states": stats.closed_states,
         }
 
 

@@ -13,7 +13,9 @@
 #pragma once
 
 #include <algorithm>
+#include <array>
 #include <condition_variable>
+#include <map>
 #include <cstdint>
 #include <cstring>
 #include <memory>
@@ -112,6 +114,50 @@ struct TokenTable {
   Trie trie;
   int32_t vocabulary_size = 0;
   int32_t words = 0;
+  // A walk in a state of a small closed piece of the automaton (a JSON string's content and
+  // its UTF-8 continuations) takes a node's whole subtree at once when no path below leaves
+  // the piece: closed_below(piece)[node] has bit q set when every string below the node,
+  // read from the piece's state q, stays in it. Computed once per piece and vocabulary, so
+  // every grammar with the same string states shares it.
+  mutable std::mutex closed_mutex;
+  mutable std::map<std::vector<int8_t>, std::shared_ptr<const std::vector<uint16_t>>>
+      closed_cache;
+
+  static constexpr size_t kClosedPieces = 16;  // pieces kept (550 KB each for Llama-3)
+  static constexpr int kPieceStates = 16;      // at most this many states in a piece
+
+  // `piece`: count x 256 transitions within the piece (-1: leaves it, or dead). Costs one
+  // pass over the trie, `count` steps per node (1-3 ms for Llama-3's 274,521 nodes), once
+  // per piece; nullptr past kClosedPieces distinct pieces.
+  std::shared_ptr<const std::vector<uint16_t>> closed_below(const std::vector<int8_t>& piece) const {
+    {
+      std::lock_guard<std::mutex> guard(closed_mutex);
+      auto found = closed_cache.find(piece);
+      if (found != closed_cache.end()) return found->second;
+      if (closed_cache.size() >= kClosedPieces) return nullptr;
+    }
+    const int count = static_cast<int>(piece.size() / 256);
+    const uint16_t every = static_cast<uint16_t>((1u << count) - 1);
+    const int32_t nodes = trie.node_count();
+    std::vector<uint16_t> stays(static_cast<size_t>(nodes)), below(static_cast<size_t>(nodes));
+    for (int32_t node = nodes - 1; node >= 0; --node) {
+      uint16_t closed = every;
+      for (int32_t child = node + 1; child < trie.end[node]; child = trie.end[child])
+        closed &= stays[child];
+      below[node] = closed;
+      if (node == 0) continue;
+      const int8_t* column = piece.data() + trie.byte[node];
+      uint16_t from = 0;
+      for (int q = 0; q < count; ++q) {
+        const int8_t next = column[q * 256];
+        if (next >= 0 && ((closed >> next) & 1u)) from |= static_cast<uint16_t>(1u << q);
+      }
+      stays[node] = from;
+    }
+    auto result = std::make_shared<const std::vector<uint16_t>>(std::move(below));
+    std::lock_guard<std::mutex> guard(closed_mutex);
+    return closed_cache.emplace(piece, result).first->second;
+  }
 };
 
 inline TokenTable* new_token_table(const uint8_t* data, int64_t data_length, const int64_t* offsets,
@@ -248,9 +294,17 @@ inline bool step(const Automaton& automaton, const Config& from, uint8_t byte, C
 // The walk: every string of `trie` read from `start`, pruned at the first dead byte. Strings
 // read whole are set in `allowed`. With `escapes`, a node where a kBase stack pops (the rule
 // ends part-way through the string) records (payload, depth) for every string below it.
+// By state: TokenTable::closed_below of the state's piece (nullptr: none) and the state's
+// bit in it. Only for the vocabulary's own trie.
+struct ClosedSubtrees {
+  const uint16_t* const* below;
+  const uint8_t* bit;
+};
+
 template <bool RecordEscapes>
 int walk(const Automaton& automaton, const Trie& trie, const Config& start, uint32_t* allowed,
-         std::vector<std::pair<int32_t, int32_t>>* escapes) {
+         std::vector<std::pair<int32_t, int32_t>>* escapes,
+         const ClosedSubtrees* closed = nullptr) {
   // Fast path: while the configuration is `start` with only its single top changed and that
   // top is neither accepting nor calling (inside a string, a number, a keyword), a depth's
   // configuration is just its top state: one table lookup per trie node, no copies. The
@@ -308,6 +362,19 @@ int walk(const Automaton& automaton, const Trie& trie, const Config& start, uint
     }
     if (parent >= 0 && !special) {
       simple_top[depth] = target;
+      const uint16_t* below = closed != nullptr ? closed->below[target] : nullptr;
+      if (below != nullptr && ((below[node] >> closed->bit[target]) & 1u)) {
+        // No path below leaves `target`'s piece: all the subtree's tokens, no node visited.
+        // A JSON string state's walk on Llama-3 went from 2.5 to 1.1 ms with ASCII
+        // self-loops alone, to 0.5 ms with its UTF-8 states in the piece.
+        const int32_t last = token_begin[node_end[node]];
+        for (int32_t k = token_begin[node + 1]; k < last; ++k) {
+          const int32_t token = node_tokens[k];
+          out[token >> 5] |= 1u << (token & 31);
+        }
+        node = node_end[node];
+        continue;
+      }
       ++node;
       continue;
     }
@@ -350,6 +417,7 @@ struct KernelStatistics {
   int64_t escape_entries = 0;
   int64_t escape_checks = 0;
   int64_t memory_bytes = 0;
+  int64_t closed_states = 0;  // states whose walks take closed subtrees whole
 };
 
 class MaskKernel {
@@ -361,7 +429,11 @@ class MaskKernel {
         escapes_possible_(std::move(escapes_possible)),
         eos_ids_(std::move(eos_ids)),
         cache_limit_bytes_(cache_limit_bytes),
-        states_(automaton_.size) {}
+        states_(automaton_.size),
+        closed_(automaton_.size, nullptr),
+        closed_bit_(automaton_.size, 0) {
+    find_closed_subtrees();
+  }
 
   int32_t words() const { return table_->words; }
 
@@ -472,10 +544,11 @@ class MaskKernel {
     Config start;
     const int32_t initial[2] = {kBase, state};
     start.push(initial, 2);
+    const ClosedSubtrees closed{closed_.data(), closed_bit_.data()};
     if (escapes_possible_[state])
-      status = walk<true>(automaton_, table_->trie, start, inside.data(), &escapes);
+      status = walk<true>(automaton_, table_->trie, start, inside.data(), &escapes, &closed);
     else
-      status = walk<false>(automaton_, table_->trie, start, inside.data(), nullptr);
+      status = walk<false>(automaton_, table_->trie, start, inside.data(), nullptr, &closed);
     if (status < 0) return nullptr;
     build_escape_trie(inside, escapes, *data);
     std::lock_guard<std::mutex> guard(mutex_);
@@ -503,6 +576,84 @@ class MaskKernel {
       payload.push_back(token);
     }
     if (!strings.empty()) data.escapes = build_trie(strings, lengths, payload);
+  }
+
+  // A piece is the strongly connected component of a state with many self-loops (a string's
+  // content, 93 of 256 bytes: with its UTF-8 and escape states, 12 states), found among the
+  // plain states within kPieceSearch of it (more would cost compile time; a member missed
+  // only makes the piece smaller, never wrong). Fewer self-loops than kClosedMinimum are
+  // not worth a piece.
+  static constexpr int kClosedMinimum = 32;
+  static constexpr size_t kPieceSearch = 64;
+
+  // The plain states reachable from `state` (at most kPieceSearch) that reach it back.
+  // `index` (automaton size, all -1) is scratch, left all -1 again. Costs kPieceSearch x 256
+  // table reads at most (about 20 µs).
+  std::vector<int32_t> component_of(int32_t state, std::vector<int32_t>& index) const {
+    std::vector<int32_t> reached{state};
+    index[state] = 0;
+    std::vector<std::vector<int32_t>> into(1);  // edges reversed, within `reached`
+    for (size_t k = 0; k < reached.size(); ++k) {
+      const int32_t* row = automaton_.transitions.data() + static_cast<int64_t>(reached[k]) * 256;
+      for (int byte = 0; byte < 256; ++byte) {
+        const int32_t next = row[byte];
+        if (next < 0 || automaton_.special[next]) continue;
+        if (index[next] < 0) {
+          if (reached.size() >= kPieceSearch) continue;
+          index[next] = static_cast<int32_t>(reached.size());
+          reached.push_back(next);
+          into.emplace_back();
+        }
+        std::vector<int32_t>& from = into[index[next]];
+        if (from.empty() || from.back() != static_cast<int32_t>(k))
+          from.push_back(static_cast<int32_t>(k));
+      }
+    }
+    std::vector<uint8_t> back(reached.size(), 0);
+    std::vector<int32_t> pending{0}, found;
+    back[0] = 1;
+    while (!pending.empty()) {
+      const int32_t at = pending.back();
+      pending.pop_back();
+      found.push_back(at);
+      for (int32_t from : into[at])
+        if (!back[from]) back[from] = 1, pending.push_back(from);
+    }
+    std::sort(found.begin(), found.end());  // discovery order: one piece, one table
+    std::vector<int32_t> members;
+    for (int32_t at : found) members.push_back(reached[at]);
+    for (int32_t member : reached) index[member] = -1;
+    return members;
+  }
+
+  void find_closed_subtrees() {
+    std::vector<int32_t> index(static_cast<size_t>(automaton_.size), -1);
+    for (int32_t state = 0; state < automaton_.size; ++state) {
+      if (automaton_.special[state] || closed_[state] != nullptr) continue;
+      const int32_t* row = automaton_.transitions.data() + static_cast<int64_t>(state) * 256;
+      int loops = 0;
+      for (int byte = 0; byte < 256; ++byte) loops += row[byte] == state;
+      if (loops < kClosedMinimum) continue;
+      std::vector<int32_t> members = component_of(state, index);
+      if (members.size() > static_cast<size_t>(TokenTable::kPieceStates)) continue;
+      std::vector<int8_t> piece(members.size() * 256, -1);
+      for (size_t k = 0; k < members.size(); ++k)
+        for (int byte = 0; byte < 256; ++byte) {
+          const int32_t next = automaton_.next(members[k], static_cast<uint8_t>(byte));
+          auto found = std::find(members.begin(), members.end(), next);
+          if (next >= 0 && found != members.end())
+            piece[k * 256 + byte] = static_cast<int8_t>(found - members.begin());
+        }
+      auto below = table_->closed_below(piece);
+      if (below == nullptr) continue;
+      for (size_t k = 0; k < members.size(); ++k) {
+        if (closed_[members[k]] != nullptr) continue;
+        closed_[members[k]] = below->data();
+        closed_bit_[members[k]] = static_cast<uint8_t>(k);
+        statistics_.closed_states += 1;
+      }
+      closed_owners_.push_back(std::move(below));
+    }
   }
 
   // Identical inside masks (the string states of different fields) share one copy.
@@ -572,6 +723,9 @@ class MaskKernel {
   std::condition_variable walked_;
   std::unordered_set<int32_t> walking_;
   std::vector<std::shared_ptr<const StateData>> states_;
+  std::vector<const uint16_t*> closed_;  // by state: TokenTable::closed_below, or nullptr
+  std::vector<uint8_t> closed_bit_;       // by state: its bit in closed_'s piece
+  std::vector<std::shared_ptr<const std::vector<uint16_t>>> closed_owners_;
   std::unordered_map<std::vector<int32_t>, std::shared_ptr<const std::vector<int32_t>>, VectorHash>
       escape_cache_;
   std::unordered_map<uint64_t, std::vector<std::shared_ptr<const std::vector<uint32_t>>>>

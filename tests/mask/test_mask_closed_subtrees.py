@@ -1,0 +1,64 @@
+"""Differential: a walk that takes closed subtrees whole gives the brute-force mask.
+
+A string's content state and its UTF-8 and escape states form a small closed piece of the
+automaton; the kernel takes a trie node's whole subtree at once when no path below leaves
+the piece (``closed_states`` counts the states that do). At every state along instances
+that stop inside strings (after ASCII, mid UTF-8 character, after a backslash), in arrays
+of strings (where the piece reaches past the quote) and in counted strings (no piece), the
+native mask must equal the Python reference bit for bit, on SmolLM2 and Qwen2.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import pytest
+
+from formline.mask import GrammarMatcher
+from formline.mask.reference import brute_force_allowed_ids
+from formline.schema import compile_schema
+from formline.vocab import Vocabulary
+from formline.vocab.fixtures import fixture_path
+
+OBJECT = {
+    "type": "object",
+    "properties": {"name": {"type": "string"}, "bio": {"type": "string"}},
+    "required": ["name", "bio"],
+    "additionalProperties": False,
+}
+ARRAY = {"type": "array", "items": {"type": "string"}}
+COUNTED = {"type": "string", "maxLength": 5}
+PREFIXES = {
+    "object": (OBJECT, ['{"name":"', '{"name":"Zo', '{"name":"Z\xfc', '{"name":"a\\']),
+    "array": (ARRAY, ['["', '["a","', '["\u4e2d']),
+    "counted": (COUNTED, ['"', '"ab']),
+}
+
+
+@pytest.fixture(scope="module", params=["smollm2", "qwen2"])
+def vocabulary(request: Any) -> Vocabulary:
+    return Vocabulary.from_gguf(fixture_path(request.param))
+
+
+def matcher_at(compiled: Any, text: str) -> GrammarMatcher:
+    """A matcher after ``text``'s bytes, cut mid UTF-8 character where asked (``\\xfc``:
+    the first byte of ``ü``, ``\\u4e2d``: the first byte of ``中``)."""
+    data = text.encode("utf-8")
+    if "\xfc" in text or "\u4e2d" in text:
+        data = data[: data.rfind(text[-1].encode("utf-8")) + 1]
+    matcher = GrammarMatcher(compiled)
+    assert matcher.accept_string(data)
+    return matcher
+
+
+@pytest.mark.parametrize("shape", sorted(PREFIXES))
+def test_closed_subtree_walks_equal_brute_force(vocabulary: Vocabulary, shape: str) -> None:
+    schema, prefixes = PREFIXES[shape]
+    compiled = compile_schema(schema, vocabulary, disk_cache=False).compiled_grammar
+    for text in prefixes:
+        matcher = matcher_at(compiled, text)
+        np.testing.assert_array_equal(matcher.allowed_token_ids(), brute_force_allowed_ids(matcher))
+    closed = compiled.statistics.closed_states
+    # A counted string has no state that loops on itself; the others take subtrees whole.
+    assert (closed == 0) if shape == "counted" else (closed >= 3), closed
