@@ -18,6 +18,8 @@ KERNEL = Extension(
         "src/formline/native/hopcroft.hpp",
         "src/formline/native/pushdown_build.hpp",
         "src/formline/native/thompson.hpp",
+        "src/formline/native/trie.hpp",
+        "src/formline/native/equivalence.hpp",
     ],
     language="c++",
     extra_compile_args=["-std=c++17", "-O3"],

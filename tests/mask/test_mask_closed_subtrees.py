@@ -62,3 +62,40 @@ def test_closed_subtree_walks_equal_brute_force(vocabulary: Vocabulary, shape: s
     closed = compiled.statistics.closed_states
     # A counted string has no state that loops on itself; the others take subtrees whole.
     assert (closed == 0) if shape == "counted" else (closed >= 3), closed
+
+
+COUNTED_FIELDS = {
+    "type": "object",
+    "properties": {
+        "name": {"type": "string", "minLength": 3, "maxLength": 24},
+        "code": {"type": "string", "maxLength": 40},
+    },
+    "required": ["name", "code"],
+    "additionalProperties": False,
+}
+# Positions early and late in each counted string (where tokens longer than what is left
+# are refused), around minLength, and mid UTF-8 character.
+COUNTED_PREFIXES = [
+    '{"name":"A',
+    '{"name":"Ad',
+    '{"name":"Ada',
+    '{"name":"Ada Lov',
+    '{"name":"Ada Lovelace and',
+    '{"name":"Ada Lovelace and Byr',
+    '{"name":"Ada Lovelace and Byron!",',
+    '{"name":"Ada","code":"x',
+    '{"name":"Ada","code":"xy',
+    '{"name":"Ada","code":"xyz \xfc',
+    '{"name":"Ada","code":"' + "q" * 30,
+]
+
+
+def test_walks_that_borrow_from_an_alike_state_equal_brute_force(vocabulary: Vocabulary) -> None:
+    compiled = compile_schema(COUNTED_FIELDS, vocabulary, disk_cache=False).compiled_grammar
+    # Every position in turn (as decoding meets them), each checked against the reference.
+    for text in COUNTED_PREFIXES:
+        for cut in range(len(text) - 3, len(text) + 1):
+            matcher_at(compiled, text[:cut]).allowed_token_ids()  # walk in decoding order
+        matcher = matcher_at(compiled, text)
+        np.testing.assert_array_equal(matcher.allowed_token_ids(), brute_force_allowed_ids(matcher))
+    assert compiled.statistics.alike_walks >= 5, compiled.statistics

@@ -88,6 +88,7 @@ class CompileStatistics:
     escape_groups: int = 0  # escape leftover entries so far
     states_walked: int = 0
     closed_states: int = 0  # states whose walks take whole subtrees of the trie at once
+    alike_walks: int = 0  # walks that took their short tokens from an alike state
     from_cache: str = "none"  # "none", "memory" or "disk"
 
 
@@ -191,6 +192,7 @@ class CompiledGrammar:
         stats.escape_groups = walked["escape_entries"]
         stats.states_walked = walked["states_walked"]
         stats.closed_states = walked["closed_states"]
+        stats.alike_walks = walked["alike_walks"]
         return stats
 
     def memory_bytes(self) -> int:

@@ -27,6 +27,7 @@ cdef extern from "kernel.hpp" namespace "formline" nogil:
         int64_t escape_checks
         int64_t memory_bytes
         int64_t closed_states
+        int64_t alike_walks
 
     cdef cppclass Config:
         vector[int32_t] data
@@ -571,7 +572,9 @@ cdef class NativeMaskKernel:
     def statistics(self):
         """``dict`` of the walks so far: states walked, unique masks, escape entries and
         checks, the bytes the caches hold, and the states whose walks take closed subtrees
-        of the vocabulary's trie whole (a string's content and its UTF-8 states)."""
+        of the vocabulary's trie whole (a string's content and its UTF-8 states), and the
+        walks that took their short tokens from an alike state (a counted string's
+        positions)."""
         cdef KernelStatistics stats = self.kernel.statistics()
         return {
             "states_walked": stats.states_walked,
@@ -580,6 +583,7 @@ cdef class NativeMaskKernel:
             "escape_checks": stats.escape_checks,
             "memory_bytes": stats.memory_bytes,
             "closed_states": stats.closed_states,
+            "alike_walks": stats.alike_walks,
         }
 
 

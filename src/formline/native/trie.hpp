@@ -1,0 +1,191 @@
+// The vocabulary as a token trie in depth-first order, and what walks share across grammars.
+//
+// llguidance's toktrie layout: node i's subtree is [i, end[i]), so a dead prefix skips its
+// whole subtree with one assignment. The token table owns the trie and the per-vocabulary
+// tables every grammar's walks reuse: closed subtrees per automaton piece, the longest token
+// below each node, the masks of short tokens.
+#pragma once
+
+#include <algorithm>
+#include <cstdint>
+#include <cstring>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <numeric>
+#include <vector>
+
+namespace formline {
+
+struct Trie {
+  std::vector<uint8_t> byte{0};
+  std::vector<int32_t> depth{0};
+  std::vector<int32_t> end{1};
+  std::vector<int32_t> token_begin{0, 0};  // tokens ending at node i: tokens[token_begin[i]..[i+1])
+  std::vector<int32_t> tokens;
+  int32_t max_depth = 0;
+
+  int32_t node_count() const { return static_cast<int32_t>(byte.size()); }
+  bool is_empty() const { return byte.size() <= 1; }
+  size_t memory_bytes() const {
+    return byte.size() * 13 + token_begin.size() * 4 + tokens.size() * 4;
+  }
+};
+
+// Builds a trie over `count` byte strings; `payload[k]` is stored at string k's node.
+// Costs O(n log n) comparisons plus O(total bytes).
+inline Trie build_trie(const std::vector<const uint8_t*>& strings,
+                       const std::vector<int32_t>& lengths, const std::vector<int32_t>& payload) {
+  const size_t count = strings.size();
+  std::vector<int32_t> order(count);
+  std::iota(order.begin(), order.end(), 0);
+  std::sort(order.begin(), order.end(), [&](int32_t a, int32_t b) {
+    const int32_t common = std::min(lengths[a], lengths[b]);
+    const int compared = std::memcmp(strings[a], strings[b], static_cast<size_t>(common));
+    if (compared != 0) return compared < 0;
+    if (lengths[a] != lengths[b]) return lengths[a] < lengths[b];
+    return payload[a] < payload[b];
+  });
+  Trie trie;
+  trie.token_begin.clear();
+  std::vector<int32_t> path{0};
+  std::vector<int32_t> node_of_item;
+  node_of_item.reserve(count);
+  trie.tokens.reserve(count);
+  const uint8_t* previous = nullptr;
+  int32_t previous_length = 0;
+  for (int32_t item : order) {
+    const uint8_t* text = strings[item];
+    const int32_t length = lengths[item];
+    int32_t common = 0;
+    const int32_t limit = std::min(length, previous_length);
+    while (common < limit && text[common] == previous[common]) ++common;
+    while (static_cast<int32_t>(path.size()) > common + 1) {
+      trie.end[path.back()] = trie.node_count();
+      path.pop_back();
+    }
+    for (int32_t position = common; position < length; ++position) {
+      path.push_back(trie.node_count());
+      trie.byte.push_back(text[position]);
+      trie.depth.push_back(position + 1);
+      trie.end.push_back(0);
+    }
+    trie.max_depth = std::max(trie.max_depth, length);
+    node_of_item.push_back(path.back());
+    trie.tokens.push_back(payload[item]);
+    previous = text;
+    previous_length = length;
+  }
+  while (!path.empty()) {
+    trie.end[path.back()] = trie.node_count();
+    path.pop_back();
+  }
+  trie.token_begin.assign(trie.node_count() + 1, 0);
+  for (int32_t node : node_of_item) ++trie.token_begin[node + 1];
+  for (int32_t node = 0; node < trie.node_count(); ++node)
+    trie.token_begin[node + 1] += trie.token_begin[node];
+  return trie;
+}
+
+// The vocabulary's usable tokens (not special, not empty), as bytes and as one trie.
+struct TokenTable {
+  std::vector<uint8_t> data;
+  std::vector<int64_t> offsets;  // by token id (-1: not usable)
+  std::vector<int32_t> lengths;  // by token id
+  Trie trie;
+  int32_t vocabulary_size = 0;
+  int32_t words = 0;
+  // longest_below[node]: the longest token at or below the node; a walk for long tokens
+  // only skips every subtree of short ones.
+  std::vector<uint16_t> longest_below;
+  // A walk in a state of a small closed piece of the automaton (a JSON string's content and
+  // its UTF-8 continuations) takes a node's whole subtree at once when no path below leaves
+  // the piece: closed_below(piece)[node] has bit q set when every string below the node,
+  // read from the piece's state q, stays in it. Computed once per piece and vocabulary, so
+  // every grammar with the same string states shares it.
+  mutable std::mutex closed_mutex;
+  mutable std::map<std::vector<int8_t>, std::shared_ptr<const std::vector<uint16_t>>>
+      closed_cache;
+
+  mutable std::map<int32_t, std::shared_ptr<const std::vector<uint32_t>>> short_cache;
+
+  // The tokens of at most `length` bytes, as mask words. Costs one pass over the token
+  // lengths (about 0.1 ms for Llama-3), once per length.
+  std::shared_ptr<const std::vector<uint32_t>> short_tokens(int32_t length) const {
+    std::lock_guard<std::mutex> guard(closed_mutex);
+    auto found = short_cache.find(length);
+    if (found != short_cache.end()) return found->second;
+    auto words = std::make_shared<std::vector<uint32_t>>(static_cast<size_t>(this->words), 0u);
+    for (int32_t token = 0; token < vocabulary_size; ++token)
+      if (offsets[token] >= 0 && lengths[token] <= length)
+        (*words)[token >> 5] |= 1u << (token & 31);
+    return short_cache.emplace(length, std::move(words)).first->second;
+  }
+
+  static constexpr size_t kClosedPieces = 16;  // pieces kept (550 KB each for Llama-3)
+  static constexpr int kPieceStates = 16;      // at most this many states in a piece
+
+  // `piece`: count x 256 transitions within the piece (-1: leaves it, or dead). Costs one
+  // pass over the trie, `count` steps per node (1-3 ms for Llama-3's 274,521 nodes), once
+  // per piece; nullptr past kClosedPieces distinct pieces.
+  std::shared_ptr<const std::vector<uint16_t>> closed_below(const std::vector<int8_t>& piece) const {
+    {
+      std::lock_guard<std::mutex> guard(closed_mutex);
+      auto found = closed_cache.find(piece);
+      if (found != closed_cache.end()) return found->second;
+      if (closed_cache.size() >= kClosedPieces) return nullptr;
+    }
+    const int count = static_cast<int>(piece.size() / 256);
+    const uint16_t every = static_cast<uint16_t>((1u << count) - 1);
+    const int32_t nodes = trie.node_count();
+    std::vector<uint16_t> stays(static_cast<size_t>(nodes)), below(static_cast<size_t>(nodes));
+    for (int32_t node = nodes - 1; node >= 0; --node) {
+      uint16_t closed = every;
+      for (int32_t child = node + 1; child < trie.end[node]; child = trie.end[child])
+        closed &= stays[child];
+      below[node] = closed;
+      if (node == 0) continue;
+      const int8_t* column = piece.data() + trie.byte[node];
+      uint16_t from = 0;
+      for (int q = 0; q < count; ++q) {
+        const int8_t next = column[q * 256];
+        if (next >= 0 && ((closed >> next) & 1u)) from |= static_cast<uint16_t>(1u << q);
+      }
+      stays[node] = from;
+    }
+    auto result = std::make_shared<const std::vector<uint16_t>>(std::move(below));
+    std::lock_guard<std::mutex> guard(closed_mutex);
+    return closed_cache.emplace(piece, result).first->second;
+  }
+};
+
+inline TokenTable* new_token_table(const uint8_t* data, int64_t data_length, const int64_t* offsets,
+                                   const int32_t* lengths, const int32_t* ids, int32_t count,
+                                   int32_t vocabulary_size) {
+  auto* table = new TokenTable();
+  table->data.assign(data, data + data_length);
+  table->vocabulary_size = vocabulary_size;
+  table->words = (vocabulary_size + 31) / 32;
+  table->offsets.assign(vocabulary_size, -1);
+  table->lengths.assign(vocabulary_size, 0);
+  std::vector<const uint8_t*> strings(count);
+  std::vector<int32_t> string_lengths(lengths, lengths + count);
+  std::vector<int32_t> payload(ids, ids + count);
+  for (int32_t k = 0; k < count; ++k) {
+    strings[k] = table->data.data() + offsets[k];
+    table->offsets[ids[k]] = offsets[k];
+    table->lengths[ids[k]] = lengths[k];
+  }
+  table->trie = build_trie(strings, string_lengths, payload);
+  const Trie& trie = table->trie;
+  table->longest_below.assign(static_cast<size_t>(trie.node_count()), 0);
+  for (int32_t node = trie.node_count() - 1; node >= 0; --node) {
+    int32_t longest = trie.token_begin[node + 1] > trie.token_begin[node] ? trie.depth[node] : 0;
+    for (int32_t child = node + 1; child < trie.end[node]; child = trie.end[child])
+      longest = std::max<int32_t>(longest, table->longest_below[child]);
+    table->longest_below[node] = static_cast<uint16_t>(std::min(longest, 65535));
+  }
+  return table;
+}
+
+}  // namespace formline
