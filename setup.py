@@ -20,6 +20,7 @@ KERNEL = Extension(
         "src/formline/native/thompson.hpp",
         "src/formline/native/trie.hpp",
         "src/formline/native/equivalence.hpp",
+        "src/formline/native/walk.hpp",
     ],
     language="c++",
     extra_compile_args=["-std=c++17", "-O3"],

@@ -3,8 +3,9 @@
 // Why C++ behind Cython (and not nanobind): the package builds with setuptools, so
 // `pip install -e .` keeps working unchanged (setuptools builds the extension in place);
 // Cython reads numpy buffers through typed memoryviews with no numpy headers, and its
-// `with nogil:` blocks let a thread pool run many rows at once. The data structures (tries,
-// stack sets, caches under a mutex) are plain C++ in this header.
+// `with nogil:` blocks let a thread pool run many rows at once. The data structures are plain
+// C++: tries in trie.hpp, stack sets and the walk in walk.hpp, alike states in
+// equivalence.hpp, the per-state caches under a mutex here.
 //
 // The parser semantics are the Python reference's (formline/parser/pushdown.py): a
 // configuration is a set of stacks of global DFA state ids, the top last; `closure` expands
@@ -13,14 +14,10 @@
 #pragma once
 
 #include <algorithm>
-#include <array>
 #include <condition_variable>
-#include <map>
 #include <cstdint>
-#include <cstring>
 #include <memory>
 #include <mutex>
-#include <numeric>
 #include <unordered_map>
 #include <unordered_set>
 #include <utility>
@@ -28,248 +25,9 @@
 
 #include "equivalence.hpp"
 #include "trie.hpp"
+#include "walk.hpp"
 
 namespace formline {
-
-constexpr int32_t kBase = -1;          // bottom marker: the walk starts in an unknown context
-constexpr int kStackLimitExceeded = -1;  // status codes returned to Python
-constexpr int kDead = -2;
-
-// ---------------------------------------------------------------------------------------------
-// Stack sets, flat: stack k is data[starts[k] .. starts[k+1]).
-struct Config {
-  std::vector<int32_t> data;
-  std::vector<int32_t> starts{0};
-
-  void clear() {
-    data.clear();
-    starts.resize(1);
-  }
-  int32_t count() const { return static_cast<int32_t>(starts.size()) - 1; }
-  bool empty() const { return starts.size() == 1; }
-  const int32_t* stack(int32_t k) const { return data.data() + starts[k]; }
-  int32_t length(int32_t k) const { return starts[k + 1] - starts[k]; }
-  void push(const int32_t* values, int32_t n) {
-    data.insert(data.end(), values, values + n);
-    starts.push_back(static_cast<int32_t>(data.size()));
-  }
-  void swap(Config& other) {
-    data.swap(other.data);
-    starts.swap(other.starts);
-  }
-};
-
-struct VectorHash {
-  size_t operator()(const std::vector<int32_t>& values) const {
-    uint64_t hash = 1469598103934665603ull;
-    for (int32_t value : values) {
-      hash ^= static_cast<uint32_t>(value);
-      hash *= 1099511628211ull;
-    }
-    return static_cast<size_t>(hash);
-  }
-};
-
-struct Automaton {
-  int32_t size = 0;
-  int32_t stack_limit = 10000;
-  std::vector<int32_t> transitions;  // size * 256, -1: none
-  std::vector<uint8_t> accepting, has_bytes, tail, special;
-  std::vector<int32_t> call_begin, call_callee, call_return;
-
-  int32_t next(int32_t state, uint8_t byte) const { return transitions[state * 256 + byte]; }
-};
-
-struct ClosureScratch {
-  std::unordered_set<std::vector<int32_t>, VectorHash> seen;
-  std::vector<std::vector<int32_t>> pending;
-};
-
-// Expands calls and returns (Python: PushdownAutomaton.closure). Returns the flags
-// 1 (the root rule can end) | 2 (a stack on kBase pops into its unknown context), or
-// kStackLimitExceeded. Only runs where a top is special (accepting or calling).
-inline int closure(const Automaton& automaton, const Config& raw, Config& out,
-                   ClosureScratch& scratch) {
-  out.clear();
-  scratch.seen.clear();
-  scratch.pending.clear();
-  for (int32_t k = 0; k < raw.count(); ++k)
-    scratch.pending.emplace_back(raw.stack(k), raw.stack(k) + raw.length(k));
-  int flags = 0;
-  while (!scratch.pending.empty()) {
-    std::vector<int32_t> stack = std::move(scratch.pending.back());
-    scratch.pending.pop_back();
-    auto inserted = scratch.seen.insert(stack);
-    if (!inserted.second) continue;
-    const int32_t top = stack.back();
-    const int32_t length = static_cast<int32_t>(stack.size());
-    if (automaton.has_bytes[top]) out.push(stack.data(), length);
-    if (!automaton.special[top]) continue;
-    for (int32_t call = automaton.call_begin[top]; call < automaton.call_begin[top + 1]; ++call) {
-      std::vector<int32_t> next(stack.begin(), stack.end() - 1);
-      const int32_t returning = automaton.call_return[call];
-      if (!automaton.tail[returning]) next.push_back(returning);
-      next.push_back(automaton.call_callee[call]);
-      scratch.pending.push_back(std::move(next));
-    }
-    if (automaton.accepting[top]) {
-      if (length == 1) {
-        flags |= 1;
-      } else if (length == 2 && stack[0] == kBase) {
-        flags |= 2;
-      } else {
-        scratch.pending.emplace_back(stack.begin(), stack.end() - 1);
-      }
-    }
-    if (static_cast<int32_t>(scratch.seen.size()) > automaton.stack_limit)
-      return kStackLimitExceeded;
-  }
-  return flags;
-}
-
-// Reads one byte from every stack; returns whether a new top is special.
-inline bool step(const Automaton& automaton, const Config& from, uint8_t byte, Config& raw) {
-  raw.clear();
-  bool special = false;
-  for (int32_t k = 0; k < from.count(); ++k) {
-    const int32_t* stack = from.stack(k);
-    const int32_t length = from.length(k);
-    const int32_t target = automaton.next(stack[length - 1], byte);
-    if (target < 0) continue;
-    raw.data.insert(raw.data.end(), stack, stack + length - 1);
-    raw.data.push_back(target);
-    raw.starts.push_back(static_cast<int32_t>(raw.data.size()));
-    special |= automaton.special[target] != 0;
-  }
-  return special;
-}
-
-// ---------------------------------------------------------------------------------------------
-// The walk: every string of `trie` read from `start`, pruned at the first dead byte. Strings
-// read whole are set in `allowed`. With `escapes`, a node where a kBase stack pops (the rule
-// ends part-way through the string) records (payload, depth) for every string below it.
-// For walks of the vocabulary's own trie. By state: TokenTable::closed_below of the state's
-// piece (nullptr: none) and the state's bit in it. With LongOnly, only tokens of more than
-// `longer_than` bytes are walked (a state alike another that far takes the shorter ones
-// from it): `longest_below` is TokenTable::longest_below.
-struct WalkOptions {
-  const uint16_t* const* below = nullptr;
-  const uint8_t* bit = nullptr;
-  int32_t longer_than = 0;
-  const uint16_t* longest_below = nullptr;
-};
-
-template <bool RecordEscapes, bool LongOnly = false>
-int walk(const Automaton& automaton, const Trie& trie, const Config& start, uint32_t* allowed,
-         std::vector<std::pair<int32_t, int32_t>>* escapes,
-         const WalkOptions* closed = nullptr) {
-  // Fast path: while the configuration is `start` with only its single top changed and that
-  // top is neither accepting nor calling (inside a string, a number, a keyword), a depth's
-  // configuration is just its top state: one table lookup per trie node, no copies. The
-  // general stack sets are built only below a node that reaches a special state.
-  const int32_t size = static_cast<int32_t>(trie.max_depth) + 1;
-  std::vector<Config> configs(static_cast<size_t>(size));
-  std::vector<int32_t> simple(static_cast<size_t>(size), -1);  // top state, or -1: general
-  configs[0].data = start.data;
-  configs[0].starts = start.starts;
-  if (start.count() == 1) simple[0] = start.data.back();
-  std::vector<int32_t> below(start.data.begin(),
-                             start.data.end() - (start.count() == 1 ? 1 : 0));
-  Config raw;
-  ClosureScratch scratch;
-  const int32_t nodes = trie.node_count();
-  // Raw pointers, the output marked restrict: a write through `allowed` (uint32_t, which may
-  // alias int32_t) made the compiler reload every vector's data pointer per trie node; this
-  // loop runs once per node of the vocabulary's trie (274,521 for Llama-3).
-  const uint8_t* const node_byte = trie.byte.data();
-  const int32_t* const node_depth = trie.depth.data();
-  const int32_t* const node_end = trie.end.data();
-  const int32_t* const token_begin = trie.token_begin.data();
-  const int32_t* const node_tokens = trie.tokens.data();
-  const int32_t* const table = automaton.transitions.data();
-  const uint8_t* const is_special = automaton.special.data();
-  int32_t* const simple_top = simple.data();
-  uint32_t* __restrict const out = allowed;
-  int32_t node = 1;
-  const int32_t longer_than = LongOnly ? closed->longer_than : 0;
-  while (node < nodes) {
-    if (LongOnly && closed->longest_below[node] <= longer_than) {
-      node = node_end[node];  // only short tokens below: the other state's mask has them
-      continue;
-    }
-    const int32_t depth = node_depth[node];
-    const int32_t parent = simple_top[depth - 1];
-    bool special = false;
-    int32_t target = -1;
-    if (parent >= 0) {
-      target = table[static_cast<int64_t>(parent) * 256 + node_byte[node]];
-      if (target < 0) {
-        node = node_end[node];
-        continue;
-      }
-      special = is_special[target] != 0;
-    } else {
-      special = step(automaton, configs[depth - 1], node_byte[node], raw);
-      if (raw.empty()) {
-        node = node_end[node];
-        continue;
-      }
-    }
-    if (!LongOnly || depth > longer_than) {
-      for (int32_t k = token_begin[node]; k < token_begin[node + 1]; ++k) {
-        const int32_t token = node_tokens[k];
-        out[token >> 5] |= 1u << (token & 31);
-      }
-    }
-    if (node_end[node] == node + 1) {  // a leaf: nothing reads past it
-      ++node;
-      continue;
-    }
-    if (parent >= 0 && !special) {
-      simple_top[depth] = target;
-      const uint16_t* below = closed != nullptr && closed->below != nullptr
-                                  ? closed->below[target] : nullptr;
-      if (below != nullptr && ((below[node] >> closed->bit[target]) & 1u)) {
-        // No path below leaves `target`'s piece: all the subtree's tokens, no node visited.
-        // A JSON string state's walk on Llama-3 went from 2.5 to 1.1 ms with ASCII
-        // self-loops alone, to 0.5 ms with its UTF-8 states in the piece.
-        const int32_t last = token_begin[node_end[node]];
-        for (int32_t k = token_begin[node + 1]; k < last; ++k) {
-          const int32_t token = node_tokens[k];
-          out[token >> 5] |= 1u << (token & 31);
-        }
-        node = node_end[node];
-        continue;
-      }
-      ++node;
-      continue;
-    }
-    simple_top[depth] = -1;
-    if (parent >= 0) {  // leaving the fast path: the one stack, materialised
-      raw.clear();
-      raw.data.assign(below.begin(), below.end());
-      raw.data.push_back(target);
-      raw.starts.push_back(static_cast<int32_t>(raw.data.size()));
-    }
-    Config& here = configs[depth];
-    int flags = 0;
-    if (special || raw.count() > 1) {
-      flags = closure(automaton, raw, here, scratch);
-      if (flags < 0) return flags;
-    } else {
-      here.swap(raw);
-    }
-    if (RecordEscapes && (flags & 2)) {
-      for (int32_t under = node + 1; under < trie.end[node]; ++under) {
-        if (LongOnly && trie.depth[under] <= longer_than) continue;
-        for (int32_t k = trie.token_begin[under]; k < trie.token_begin[under + 1]; ++k)
-          escapes->emplace_back(trie.tokens[k], depth);
-      }
-    }
-    node = here.empty() ? trie.end[node] : node + 1;
-  }
-  return 0;
-}
 
 // ---------------------------------------------------------------------------------------------
 // What one automaton state contributes to every mask it appears in.
@@ -493,7 +251,7 @@ class MaskKernel {
   // of Llama-3's tokens are over 8 bytes, 1,566 over 16). The newest kAlikeCandidates walks
   // of a shape are asked: a counted string's previous position comes first.
   static constexpr int32_t kAlikeMinimum = 8;
-  static constexpr int32_t kAlikeEnough = 16;
+  static constexpr int32_t kAlikeEnough = 16;  // 32 was slower: 155 µs a walk against 129
   static constexpr int32_t kShortEscape = kAlikeEnough;
   static constexpr size_t kAlikeCandidates = 4;
 
