@@ -24,7 +24,7 @@ import numpy as np
 from formline.errors import FormlineError
 from formline.mask.bitmask import check_bitmask
 from formline.mask.compiled import CompiledGrammar
-from formline.native import copy_mask
+from formline.native import copy_mask, copy_mask_row
 from formline.parser.pushdown import Stack
 
 MAX_JUMP_FORWARD_BYTES = 4096
@@ -196,7 +196,13 @@ class GrammarMatcher:
                 or ``index`` is not one of its rows.
             TypeError: neither a numpy array nor a torch tensor.
         """
-        mask = self.next_token_mask_words()
+        mask = self._mask if self._mask is not None else self.next_token_mask_words()
+        if type(bitmask) is np.ndarray and type(index) is int and bitmask.ndim == 2:
+            try:  # the common buffer, checked in C; anything else takes the path below
+                copy_mask_row(mask, bitmask, index)
+                return True
+            except ValueError:
+                pass
         if isinstance(bitmask, np.ndarray):
             is_int32 = bitmask.dtype == np.int32
             check_bitmask(bitmask.shape, is_int32, bitmask.dtype, index, mask.shape[0])
