@@ -31,6 +31,7 @@ from formline.pipeline.extract import (
     Failed,
     extract,
 )
+from formline.pipeline.pressure import field_pressure
 from formline.schema import SchemaError, compile_schema
 from formline.vocab import Vocabulary
 from scripted import ScriptedDecoder, install_decoder
@@ -328,3 +329,32 @@ def test_real_model_extracts_one_task_per_type(llama: Any) -> None:
             assert compile_schema(schema, llama.vocabulary).check(result.value) == []
             extracted.append(task["id"])
     assert len(extracted) >= 4, extracted
+
+
+class Lifespan(BaseModel):
+    name: str
+    age: int
+
+
+def test_thinking_first_keeps_the_rationale_out_of_the_value(llama_backend: Any) -> None:
+    # On the embedded model, greedy: 32 free tokens first turn age 27 (no thinking) into 36.
+    result = formline.extract(
+        "Ada Lovelace was thirty-six when she died.", Lifespan, llama_backend, think=32,
+        temperature=0,
+    )  # fmt: skip
+    assert isinstance(result, Extraction), result
+    attempt = result.attempts[0]
+    assert attempt.rationale and "{" not in attempt.rationale
+    assert attempt.text.lstrip().startswith("{")  # the answer alone
+    assert set(attempt.pressure) <= {"", "name", "age"}  # no path from the rationale
+    assert result.value.name == "Ada Lovelace"
+    print("think=32:", result.value, repr(attempt.rationale))
+
+
+def test_pressure_skips_the_rationale_bytes() -> None:
+    pieces = [b"It is [x", b'{"a":', b"1}"]
+    steps = {position: (0.5, False, -1) for position in range(3)}
+    pressure = field_pressure([0, 1, 2], pieces, steps, answer_from=len(pieces[0]))
+    assert set(pressure) == {"a"} and pressure["a"].steps == 2  # the key's token and the value's
+    unskipped = field_pressure([0, 1, 2], pieces, steps)
+    assert any(path.startswith("[") for path in unskipped)  # the rationale's "[" read as JSON

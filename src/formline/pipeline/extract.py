@@ -70,6 +70,7 @@ class Attempt:
     outcome: str = ""
     completion_tokens: int = 0
     pressure: dict[str, FieldPressure] = field(default_factory=dict)
+    rationale: str = ""  # free text written before the answer (``think=N``), never the value
 
 
 @dataclass
@@ -181,7 +182,8 @@ def extract(
             hatch changed is validated against the changed schema and the value is a dict
             (its validators do not run: the model cannot hold a null or an "other").
         sampling: passed to :func:`generate` (``temperature``, ``top_p``, ``seed``,
-            ``system``, ``describe_schema``, ...).
+            ``system``, ``describe_schema``, ``think``, ...). With ``think=N`` each attempt
+            may write N tokens of free rationale first (kept in ``Attempt.rationale``).
 
     A Pydantic model validates with ``context={"source": source}``, so a validator can read
     ``info.context["source"]``. Returns an :class:`Extraction` or a :class:`Failed`.
@@ -325,6 +327,7 @@ def _attempt(
         outcome,
         completion_tokens,
         result.pressure,
+        result.rationale,
     )
     return attempt, value
 

@@ -263,7 +263,7 @@ class GenerationRequest:
             prompt, describe_constraint(given, describe_schema, prompt), system
         )
         if shaping.think and not free:
-            messages = _ask_to_think(messages)
+            messages = ask_to_think(messages)
         matcher: Any = None
         if not free and plan.compiled is not None:
             matcher = (
@@ -283,16 +283,23 @@ class GenerationRequest:
         rationale = ""
         if isinstance(self.matcher, TaggedMatcher):
             rationale = self.matcher.rationale
-            generation = _without_rationale(generation, self.matcher.rationale_bytes)
+            generation = without_rationale(generation, self.matcher.rationale_bytes)
         result = _result(
             generation, self.plan, self.compile_seconds, self.engine.vocabulary.token_bytes,
             self.given if self.shaping.numbers == "tolerant" else None,
         )  # fmt: skip
         result.rationale = rationale
+        if rationale:  # the rationale's tokens are no field's
+            result.pressure = field_pressure(
+                generation.token_ids, self.engine.vocabulary.token_bytes,
+                generation.step_pressure, generation.step_confidence,
+                answer_from=len(self.matcher.rationale_bytes),
+            )  # fmt: skip
         return result
 
 
-def _without_rationale(generation: Generation, rationale: bytes) -> Generation:
+def without_rationale(generation: Generation, rationale: bytes) -> Generation:
+    """``generation`` with the free text written before the answer cut from its text."""
     text = generation.text.encode("utf-8", errors="replace")
     answer = text[len(rationale) :] if text.startswith(rationale) else text
     return replace(generation, text=answer.decode("utf-8", errors="replace"))
@@ -304,7 +311,8 @@ THINK_REQUEST = (
 )
 
 
-def _ask_to_think(messages: list[dict[str, str]]) -> list[dict[str, str]]:
+def ask_to_think(messages: list[dict[str, str]]) -> list[dict[str, str]]:
+    """``messages`` with the last one asking for a short rationale before the JSON."""
     last = dict(messages[-1])
     last["content"] = f"{last['content']}\n\n{THINK_REQUEST}"
     return [*messages[:-1], last]

@@ -183,21 +183,24 @@ def field_pressure(
     token_bytes: Sequence[bytes],
     step_pressure: dict[int, tuple[float, bool, int]],
     confidence: dict[int, float] | None = None,
+    answer_from: int = 0,
 ) -> dict[str, FieldPressure]:
     """Aggregate per-step pressure onto the JSON paths the steps' tokens wrote.
 
     A token is attributed to the path of its first byte that is not JSON punctuation (its
-    first byte otherwise). Costs O(output bytes).
+    first byte otherwise). ``answer_from``: the bytes of free rationale before the JSON
+    (``think=N``); tokens wholly inside it are left out. Costs O(output bytes).
     """
     pieces = [token_bytes[token] if 0 <= token < len(token_bytes) else b"" for token in token_ids]
     text = b"".join(pieces)
-    paths = byte_paths(text)
+    paths = [""] * answer_from + byte_paths(text[answer_from:])
     result: dict[str, FieldPressure] = {}
     offset = 0
     for position, piece in enumerate(pieces):
         start, offset = offset, offset + len(piece)
-        if position not in step_pressure or not piece:
+        if position not in step_pressure or not piece or offset <= answer_from:
             continue
+        start = max(start, answer_from)
         chosen = next(
             (at for at in range(start, offset) if chr(text[at]) not in '{}[],:" \n'), start
         )

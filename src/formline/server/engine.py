@@ -33,8 +33,15 @@ from typing import Any, Protocol
 
 from formline.backends.base import Backend, BackendError
 from formline.constraint import Plan
+from formline.mask.tagged import TagError, TaggedMatcher
 from formline.pipeline.decoding import Generation, Sampling, decode
-from formline.pipeline.generate import DEFAULT_DESCRIBE, describe_constraint, prompt_messages
+from formline.pipeline.generate import (
+    DEFAULT_DESCRIBE,
+    ask_to_think,
+    describe_constraint,
+    prompt_messages,
+    without_rationale,
+)
 from formline.pipeline.listeners import StepListener
 from formline.server.constraints import plan_output
 from formline.server.errors import ApiError
@@ -54,6 +61,7 @@ class ChoiceOutput:
     # [{"id", "type", "function": {"name", "arguments"}}, ...]: one or several calls
     tool_calls: list[dict[str, Any]] | None = None
     errors: list[str] = field(default_factory=list)  # the after-check's findings
+    reasoning: str = ""  # the free rationale before a JSON answer (formline_think)
 
 
 @dataclass
@@ -158,19 +166,24 @@ class Engine:
         deadline = deadline if deadline is not None else self.deadline()
         plan = plan if plan is not None else self.plan(request, deadline)
         messages = prompt_messages(request.messages, self._description(plan, request.messages))
+        if request.think:
+            messages = ask_to_think(messages)
         choices, prompt_tokens, completion_tokens = [], 0, 0
         for index in range(request.n):
             seed = None if request.seed is None else request.seed + index
-            sampling = Sampling(request.temperature, request.top_p, seed, request.max_tokens)
+            budget = request.max_tokens + request.think  # the rationale has its own budget
+            sampling = Sampling(request.temperature, request.top_p, seed, budget)
             sampling = replace(sampling, deadline=deadline)
             listener = listener_for(index, plan) if listener_for is not None else None
-            generation = self._generate(messages, plan, sampling, listener)
+            think = request.think
+            generation, reasoning = self._generate(messages, plan, sampling, listener, think)
             prompt_tokens = generation.prompt_tokens
             completion_tokens += generation.completion_tokens
             self._count(generation)
             if generation.finish_reason == "timeout":
                 raise self._timeout(generation)
             choice = read_choice(generation, plan)
+            choice.reasoning = reasoning
             choices.append(choice)
             if listener is not None:
                 listener.finish(choice)
@@ -210,8 +223,17 @@ class Engine:
         plan: Plan,
         sampling: Sampling,
         listener: ChoiceListener | None,
-    ) -> Generation:
-        matcher = plan.matcher()
+        think: int = 0,
+    ) -> tuple[Generation, str]:
+        """One decoding loop; with ``think``, its rationale split from the answer."""
+        matcher: Any = plan.matcher()
+        if think and plan.compiled is not None:
+            try:
+                matcher = TaggedMatcher(plan.compiled, think)
+            except TagError as error:
+                raise ApiError(
+                    str(error), param="formline_think", code="unsupported_parameter"
+                ) from error
         self.hold_model(sampling.deadline if sampling.deadline is not None else time.monotonic())
         try:
             prompt = self.backend.render_chat(messages)
@@ -219,7 +241,10 @@ class Engine:
             if listener is not None:
                 listener.start()
                 watchers.append(listener.listener)
-            return decode(self.backend, prompt, matcher, sampling, watchers)
+            generation = decode(self.backend, prompt, matcher, sampling, watchers)
+            if not isinstance(matcher, TaggedMatcher):
+                return generation, ""
+            return without_rationale(generation, matcher.rationale_bytes), matcher.rationale
         except BackendError as error:
             if "n_ctx" in str(error):
                 raise ApiError(

@@ -25,7 +25,7 @@ HONOURED = frozenset(
         "model", "messages", "response_format", "structured_outputs", "guided_json",
         "guided_regex", "guided_choice", "guided_grammar", "max_tokens",
         "max_completion_tokens", "temperature", "top_p", "seed", "n", "stream",
-        "stream_options", "tools", "tool_choice", "parallel_tool_calls",
+        "stream_options", "tools", "tool_choice", "parallel_tool_calls", "formline_think",
     }
 )  # fmt: skip
 # Harmless to ignore: bookkeeping. vLLM's guided_decoding_backend (sent by existing clients,
@@ -63,6 +63,7 @@ class Limits:
     request_seconds: float = 300.0  # waiting for the model plus decoding, per request
     compile_seconds: float = 10.0  # one constraint's compile (a 400 past it)
     max_tool_calls: int = 8  # tool calls in one answer (parallel_tool_calls)
+    max_think_tokens: int = 256  # formline_think: free tokens before a JSON answer
 
 
 @dataclass(frozen=True)
@@ -94,6 +95,7 @@ class ChatRequest:
     named_tool: str | None = None
     parallel_tool_calls: bool = True  # OpenAI's default: several calls in one answer
     max_tool_calls: int = 8  # the server's limit (Limits.max_tool_calls)
+    think: int = 0  # formline_think: free rationale tokens before a JSON answer
 
 
 def parse_body(raw: bytes, limits: Limits) -> dict[str, Any]:
@@ -134,6 +136,7 @@ def parse_chat_request(body: dict[str, Any], limits: Limits) -> ChatRequest:
     tools, tool_choice, named = _tools(body, limits)
     constraint = _constraint(body, limits)
     refuse_two_constraints(tool_choice, constraint)
+    think = _think(body, limits, constraint)
     return ChatRequest(
         model=body["model"],
         messages=parse_messages(body.get("messages")),
@@ -150,7 +153,26 @@ def parse_chat_request(body: dict[str, Any], limits: Limits) -> ChatRequest:
         named_tool=named,
         parallel_tool_calls=read_boolean(body, "parallel_tool_calls", True),
         max_tool_calls=limits.max_tool_calls,
+        think=think,
     )
+
+
+def _think(body: dict[str, Any], limits: Limits, constraint: Constraint) -> int:
+    """``formline_think``: tokens of free rationale before a JSON answer (0: none).
+
+    Raises:
+        ApiError: 400 for a value outside 0 to ``limits.max_think_tokens``, or thinking
+            asked for an answer that is not JSON (text, a regex, a grammar, tools).
+    """
+    think = read_integer(body, "formline_think", 0, 0, limits.max_think_tokens)
+    if think and not constraint.is_json:
+        raise ApiError(
+            "formline_think needs a JSON answer (response_format json_schema or json_object): "
+            "the rationale ends where the JSON starts",
+            param="formline_think",
+            code="unsupported_parameter",
+        )
+    return think or 0
 
 
 def refuse_two_constraints(tool_choice: str, constraint: Constraint) -> None:

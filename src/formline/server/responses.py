@@ -24,6 +24,12 @@ def usage(completion: Completion) -> dict[str, int]:
 
 
 def _message(choice: ChoiceOutput) -> dict[str, Any]:
+    if choice.reasoning:  # vLLM's and DeepSeek's field for text before the answer
+        return {**_answer(choice), "reasoning_content": choice.reasoning}
+    return _answer(choice)
+
+
+def _answer(choice: ChoiceOutput) -> dict[str, Any]:
     if choice.tool_calls is not None:
         # Text the model wrote before its calls (a tagged tool format) is the content.
         content = choice.text or None

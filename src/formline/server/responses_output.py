@@ -201,6 +201,11 @@ class ResponseEventWriter:
         )
         return events + delta
 
+    def reasoning(self, index: int, text: str) -> str:
+        """Nothing: ``formline_think`` is a Chat Completions field (the Responses API's
+        ``reasoning`` is refused), so a Responses stream has no rationale to send."""
+        return ""
+
     def arguments(self, index: int, text: str, call_id: str, name: str | None) -> str:
         events = ""
         if self.open is None:

@@ -33,6 +33,7 @@ from typing import Any, Protocol
 from fastapi.concurrency import run_in_threadpool
 
 from formline.constraint import Plan
+from formline.mask.tagged import TagError, trigger_of
 from formline.pipeline.stream import TextDeltas
 from formline.server.engine import ChoiceOutput, Completion, Engine
 from formline.server.errors import ApiError, error_body
@@ -52,6 +53,8 @@ class EventWriter(Protocol):
     def opening(self, index: int) -> str: ...
 
     def content(self, index: int, text: str) -> str: ...
+
+    def reasoning(self, index: int, text: str) -> str: ...
 
     def arguments(self, index: int, text: str, call_id: str, name: str | None) -> str: ...
 
@@ -93,6 +96,10 @@ class ChunkWriter:
 
     def content(self, index: int, text: str) -> str:
         return self.chunk(index, {"content": text})
+
+    def reasoning(self, index: int, text: str) -> str:
+        """A delta of the rationale before a JSON answer (``formline_think``)."""
+        return self.chunk(index, {"reasoning_content": text})
 
     def arguments(self, index: int, text: str, call_id: str, name: str | None) -> str:
         call: dict[str, Any] = {"index": 0, "function": {"arguments": text}}
@@ -144,8 +151,11 @@ class ChoiceStream:
         vocabulary: Vocabulary,
         writer: EventWriter,
         emit: Callable[[str], bool],
+        think_trigger: str | None = None,
     ):
         self.index, self.plan, self.writer, self.emit = index, plan, writer, emit
+        # With formline_think, text before the answer's first byte is the rationale.
+        self.thinking = think_trigger
         # The library's stream listener: text deltas of whole UTF-8 characters.
         self.deltas = TextDeltas(vocabulary, self._text)
         self.route = _route(plan)  # content, arguments, hold, or None (decided by byte 1)
@@ -167,6 +177,13 @@ class ChoiceStream:
         return self.deltas
 
     def _text(self, text: str) -> bool:
+        if self.thinking is not None and text:
+            at = text.find(self.thinking)
+            before, text = (text, "") if at < 0 else (text[:at], text[at:])
+            if at >= 0:
+                self.thinking = None
+            if before and not self.emit(self.writer.reasoning(self.index, before)):
+                return False
         if not text:
             return True
         if self.trigger is not None and self.route == "content":
@@ -253,9 +270,19 @@ async def stream_request(
         loop.call_soon_threadsafe(queue.put_nowait, (kind, payload))
         return True
 
+    trigger = None
+    if chat.think and plan.compiled is not None:
+        try:
+            trigger = trigger_of(plan.compiled).decode("utf-8", errors="replace")
+        except TagError as error:  # before any event: a plain 400
+            raise ApiError(
+                str(error), param="formline_think", code="unsupported_parameter"
+            ) from error
+
     def listener_for(index: int, choice_plan: Plan) -> ChoiceStream:
         emit: Callable[[str], bool] = lambda event: put("event", event)  # noqa: E731
-        return ChoiceStream(index, choice_plan, engine.backend.vocabulary, writer, emit)
+        vocabulary = engine.backend.vocabulary
+        return ChoiceStream(index, choice_plan, vocabulary, writer, emit, trigger)
 
     async def work() -> None:
         try:
