@@ -110,7 +110,7 @@ struct TokenTable {
   mutable std::map<int32_t, std::shared_ptr<const std::vector<uint32_t>>> short_cache;
 
   // The tokens of at most `length` bytes, as mask words. Costs one pass over the token
-  // lengths (about 0.1 ms for Llama-3), once per length.
+  // lengths (128,256 for Llama-3), once per length.
   std::shared_ptr<const std::vector<uint32_t>> short_tokens(int32_t length) const {
     std::lock_guard<std::mutex> guard(closed_mutex);
     auto found = short_cache.find(length);
@@ -126,8 +126,9 @@ struct TokenTable {
   static constexpr int kPieceStates = 16;      // at most this many states in a piece
 
   // `piece`: count x 256 transitions within the piece (-1: leaves it, or dead). Costs one
-  // pass over the trie, `count` steps per node (1-3 ms for Llama-3's 274,521 nodes), once
-  // per piece; nullptr past kClosedPieces distinct pieces.
+  // pass over the trie, `count` steps per node: a kernel's first setup on a fresh Llama-3
+  // table takes 7.6 ms with a string's 14-state piece, 0.97 once it is cached; nullptr
+  // past kClosedPieces distinct pieces.
   std::shared_ptr<const std::vector<uint16_t>> closed_below(const std::vector<int8_t>& piece) const {
     {
       std::lock_guard<std::mutex> guard(closed_mutex);

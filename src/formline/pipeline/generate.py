@@ -280,21 +280,15 @@ class GenerationRequest:
     def result(self, generation: Generation) -> Result:
         """The :class:`Result` of ``generation``: parsed, coerced and after-checked when
         JSON; a rationale written before the answer is split off."""
-        rationale = ""
+        rationale, rationale_bytes = "", 0
         if isinstance(self.matcher, TaggedMatcher):
-            rationale = self.matcher.rationale
+            rationale, rationale_bytes = self.matcher.rationale, len(self.matcher.rationale_bytes)
             generation = without_rationale(generation, self.matcher.rationale_bytes)
         result = _result(
             generation, self.plan, self.compile_seconds, self.engine.vocabulary.token_bytes,
-            self.given if self.shaping.numbers == "tolerant" else None,
+            self.given if self.shaping.numbers == "tolerant" else None, rationale_bytes,
         )  # fmt: skip
         result.rationale = rationale
-        if rationale:  # the rationale's tokens are no field's
-            result.pressure = field_pressure(
-                generation.token_ids, self.engine.vocabulary.token_bytes,
-                generation.step_pressure, generation.step_confidence,
-                answer_from=len(self.matcher.rationale_bytes),
-            )  # fmt: skip
         return result
 
 
@@ -381,7 +375,9 @@ def _result(
     compile_seconds: float,
     token_bytes: Any,
     tolerant: Constraint | None = None,
+    rationale_bytes: int = 0,
 ) -> Result:
+    """``rationale_bytes``: the free text before the answer, whose tokens are no field's."""
     model = plan.constraint.output_model or (tolerant.output_model if tolerant else None)
     errors: list[str] = []
     data: Any = UNREAD
@@ -419,5 +415,6 @@ def _result(
             token_bytes,
             generation.step_pressure,
             generation.step_confidence,
+            answer_from=rationale_bytes,
         ),
     )

@@ -29,6 +29,7 @@ from formline.grammar.ir import Choice as ChoiceNode
 from formline.grammar.ir import Grammar, GrammarError, RuleReference
 from formline.grammar.regex import parse_regex
 from formline.grammar.tags import tagged_grammar
+from formline.mask.tagged import TagError, trigger_of
 from formline.pipeline.generate import DEFAULT_WHITESPACE
 from formline.schema import SchemaError
 from formline.server.errors import ApiError
@@ -58,9 +59,10 @@ def plan_output(
     compile stops at it (a 400 naming the limit), so a hostile schema costs at most that.
 
     Raises:
-        ApiError: 400 for a schema, regex or grammar that does not compile or is past a
-            compile limit (time, states, counts; the message names the request field, the
-            limit and, for a schema, the keyword and JSON pointer); 504 when the request
+        ApiError: 400 for ``formline_think`` on a grammar without a fixed first byte, and
+            for a schema, regex or grammar that does not compile or is past a compile
+            limit (time, states, counts; the message names the request field, the limit
+            and, for a schema, the keyword and JSON pointer); 504 when the request
             was already past ``deadline`` once compiled.
     Costs one compile the first time a constraint is seen; a dictionary lookup afterwards.
     """
@@ -69,6 +71,13 @@ def plan_output(
         seconds = min(seconds, deadline - time.monotonic())
     budget = CompileBudget(seconds=max(seconds, MINIMUM_SECONDS))
     plan = _plan(request, vocabulary, budget, tool_format)
+    if request.think and plan.compiled is not None:
+        try:  # thinking ends at the answer's first byte: the grammar needs a fixed one
+            trigger_of(plan.compiled)
+        except TagError as error:
+            raise ApiError(
+                str(error), param="formline_think", code="unsupported_parameter"
+            ) from error
     if deadline is not None and time.monotonic() > deadline:
         raise ApiError(
             "compiling the output constraint ran past this server's time limit per request; "

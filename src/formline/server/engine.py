@@ -33,7 +33,7 @@ from typing import Any, Protocol
 
 from formline.backends.base import Backend, BackendError
 from formline.constraint import Plan
-from formline.mask.tagged import TagError, TaggedMatcher
+from formline.mask.tagged import TaggedMatcher
 from formline.pipeline.decoding import Generation, Sampling, decode
 from formline.pipeline.generate import (
     DEFAULT_DESCRIBE,
@@ -227,13 +227,8 @@ class Engine:
     ) -> tuple[Generation, str]:
         """One decoding loop; with ``think``, its rationale split from the answer."""
         matcher: Any = plan.matcher()
-        if think and plan.compiled is not None:
-            try:
-                matcher = TaggedMatcher(plan.compiled, think)
-            except TagError as error:
-                raise ApiError(
-                    str(error), param="formline_think", code="unsupported_parameter"
-                ) from error
+        if think and plan.compiled is not None:  # plan_output checked its first byte
+            matcher = TaggedMatcher(plan.compiled, think)
         self.hold_model(sampling.deadline if sampling.deadline is not None else time.monotonic())
         try:
             prompt = self.backend.render_chat(messages)

@@ -33,7 +33,7 @@ from typing import Any, Protocol
 from fastapi.concurrency import run_in_threadpool
 
 from formline.constraint import Plan
-from formline.mask.tagged import TagError, trigger_of
+from formline.mask.tagged import trigger_of
 from formline.pipeline.stream import TextDeltas
 from formline.server.engine import ChoiceOutput, Completion, Engine
 from formline.server.errors import ApiError, error_body
@@ -271,13 +271,8 @@ async def stream_request(
         return True
 
     trigger = None
-    if chat.think and plan.compiled is not None:
-        try:
-            trigger = trigger_of(plan.compiled).decode("utf-8", errors="replace")
-        except TagError as error:  # before any event: a plain 400
-            raise ApiError(
-                str(error), param="formline_think", code="unsupported_parameter"
-            ) from error
+    if chat.think and plan.compiled is not None:  # plan_output checked it has one
+        trigger = trigger_of(plan.compiled).decode("utf-8", errors="replace")
 
     def listener_for(index: int, choice_plan: Plan) -> ChoiceStream:
         emit: Callable[[str], bool] = lambda event: put("event", event)  # noqa: E731

@@ -6,7 +6,7 @@ syntax is the one the model is most likely to write well. Four formats:
 * ``hermes`` (Qwen 2/2.5/3, Hermes and the templates that copy them): text, then
   ``<tool_call>\\n{"name": ..., "arguments": {...}}\\n</tool_call>``, one tag per call.
 * ``smollm2`` (the function-calling prompt of SmolLM2's model card; its template has no
-  tool syntax, so it is chosen by name only): text, then one
+  tool syntax, so only ``--tool-format smollm2`` chooses it): text, then one
   ``<tool_call>[{"name": ..., "arguments": {...}}, ...]</tool_call>`` holding every call.
 * ``llama3`` (Llama 3.1-3.3's JSON tool calling): the whole answer is
   ``{"name": ..., "parameters": {...}}``, one call.
@@ -137,23 +137,25 @@ def read_tagged(form: ToolFormat, text: str) -> tuple[str, list[Any] | None]:
     """
     assert form.trigger is not None
     trigger, opening = form.trigger.decode(), form.opening.decode()
-    closing, at = form.closing.decode(), text.find(form.trigger.decode())
+    closing = form.closing.decode().strip()  # the whitespace around a body is skipped
+    at = text.find(trigger)
     if at < 0:
         return text, None
     decoder, bodies, cursor = json.JSONDecoder(), [], at
-    while True:
+    while cursor < len(text):
         if not text.startswith(opening, cursor):
             raise ValueError(f"a tool call does not start with {opening!r} at {cursor}")
-        cursor = _WHITESPACE.match(text, cursor + len(opening)).end()  # type: ignore[union-attr]
-        body, cursor = decoder.raw_decode(text, cursor)
-        cursor = _WHITESPACE.match(text, cursor).end()  # type: ignore[union-attr]
-        if not text.startswith(closing.strip(), cursor):
+        body, cursor = decoder.raw_decode(text, _skip_space(text, cursor + len(opening)))
+        cursor = _skip_space(text, cursor)
+        if not text.startswith(closing, cursor):
             raise ValueError(f"a tool call does not end with {closing!r} at {cursor}")
         bodies.append(body)
-        cursor = _WHITESPACE.match(text, cursor + len(closing.strip())).end()  # type: ignore[union-attr]
-        if cursor >= len(text):
-            break
-        if not text.startswith(trigger, cursor):
-            raise ValueError(f"text after a tool call at {cursor}")
+        cursor = _skip_space(text, cursor + len(closing))
     content = text[:at] if text[:at].strip() else ""
     return content, bodies
+
+
+def _skip_space(text: str, cursor: int) -> int:
+    match = _WHITESPACE.match(text, cursor)
+    assert match is not None  # \s* matches everywhere
+    return match.end()
