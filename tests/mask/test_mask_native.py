@@ -20,6 +20,7 @@ from formline.mask import (
     compile_grammar,
     storage,
 )
+from formline.mask.compiled import DEFER_TO_MATE, WAIT_FOR_MATE
 from formline.mask.reference import brute_force_allowed_ids
 from formline.parser.pushdown import ParserLimitError
 
@@ -168,6 +169,48 @@ def test_batch_fill_equals_one_matcher_at_a_time(smollm2_vocab) -> None:
     with pytest.raises(ValueError, match="outside"):
         batch.batch_fill_next_token_bitmask(matchers[:1], bitmask, [30])
     batch.close()
+
+
+def test_batch_rows_in_one_counted_string_equal_single_fills(smollm2_vocab) -> None:
+    # Positions of a counted string share a row shape: the batch walks one, defers its mates
+    # on the other thread and walks them from it; the masks must not change for that.
+    schema = {"type": "object", "properties": {"note": {"type": "string", "maxLength": 40}}}
+    text = '{"note":"' + "abcdefghij" * 3
+    compiler = GrammarCompiler(smollm2_vocab, disk_cache=False)
+    compiled = compiler.compile_json_schema(schema)
+    matchers = []
+    for length in range(9, len(text) + 1):
+        matcher = compiled.matcher()
+        assert matcher.accept_string(text[:length])
+        matchers.append(matcher)
+    batch = BatchGrammarMatcher(max_threads=2)
+    bitmask = allocate_token_bitmask(len(matchers), smollm2_vocab.size)
+    batch.batch_fill_next_token_bitmask(matchers, bitmask)
+    batch.close()
+    fresh = GrammarCompiler(smollm2_vocab, disk_cache=False).compile_json_schema(schema)
+    for row, length in enumerate(range(9, len(text) + 1)):
+        single = fresh.matcher()
+        assert single.accept_string(text[:length])
+        expected = allocate_token_bitmask(1, smollm2_vocab.size)
+        single.fill_next_token_bitmask(expected)
+        np.testing.assert_array_equal(bitmask[row], expected[0], err_msg=f"prefix {length}")
+
+
+def test_a_scheduled_walk_without_a_mate_walks_at_once(smollm2_vocab) -> None:
+    compiled = GrammarCompiler(smollm2_vocab, disk_cache=False).compile_json_schema(SCHEMAS[0])
+    grammar = compiled.compiled_grammar
+    matcher = compiled.matcher()
+    assert matcher.accept_string('{"name":"ab')
+    states = sorted(matcher.unwalked_states())
+    assert states
+    for mode in (DEFER_TO_MATE, WAIT_FOR_MATE):
+        for state in states:
+            assert grammar.walk_state_scheduled(state, mode)
+            assert grammar.kernel.is_walked(state)
+    with pytest.raises(ValueError, match="mode"):
+        grammar.kernel.walk_state(states[0], 3)
+    with pytest.raises(ValueError, match="outside"):
+        grammar.kernel.live_byte_count(-1)
 
 
 def test_batch_fill_writes_a_cpu_torch_tensor_in_place(smollm2_vocab) -> None:

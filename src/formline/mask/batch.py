@@ -11,15 +11,21 @@ from __future__ import annotations
 import os
 import sys
 import threading
-from collections.abc import Iterator, Sequence
+from collections import deque
+from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import numpy as np
 
 from formline.mask.bitmask import words_for
+from formline.mask.compiled import DEFER_TO_MATE, WAIT_FOR_MATE, WALK_NOW
 from formline.mask.matcher import GrammarMatcher
 from formline.native import copy_masks
+
+# Rows a thread must have to be worth a hand-off (a submit and its wake-up cost about 50 µs,
+# four rows' masks).
+MASKS_PER_THREAD = 8
 
 
 class BatchGrammarMatcher:
@@ -78,9 +84,9 @@ class BatchGrammarMatcher:
                 hits.append(position)
         copy_masks(found, target, rows[hits])
         if misses:
-            self._walk_new_states([matchers[k] for k in misses])
-            computed = [matchers[k].next_token_mask_words() for k in misses]
-            copy_masks(computed, target, rows[misses])
+            missed = [matchers[k] for k in misses]
+            self._walk_new_states(missed)
+            copy_masks(self._compute_masks(missed), target, rows[misses])
         if device_tensor is not None:
             torch = sys.modules["torch"]
             device_tensor.copy_(torch.from_numpy(target))
@@ -98,14 +104,34 @@ class BatchGrammarMatcher:
         # that read many bytes (inside a string) go before those that read one (a key).
         tasks.sort(key=lambda task: -task[0].live_byte_count(task[1]))
         threads = min(self.max_threads, len(tasks))
-        # One shared iterator (a list iterator's next is atomic under the GIL): each thread
-        # takes the next state when it is done with one. Dealt out in fixed slices, the 1 to
-        # 3 ms walks of string states met on one thread and 2 threads gave 1.25x on 29 states.
-        pending = iter(tasks)
+        if threads == 1:
+            for compiled, state in tasks:
+                compiled.walk_state_scheduled(state, WALK_NOW)
+            return
+        # One shared queue (a deque's popleft and append are atomic under the GIL): each
+        # thread takes the next state when it is done with one. Dealt out in fixed slices, the
+        # 1 to 3 ms walks of string states met on one thread and 2 threads gave 1.25x on 29
+        # states; taken together, two string states of one shape were both walked in full
+        # (0.7 ms each on Llama-3) where the second, after the first, reuses it (0.2-0.3 ms).
+        pending = deque(tasks)
         futures = [self._pool.submit(_walk, pending) for _ in range(threads - 1)]
         _walk(pending)  # this thread walks too
         for future in futures:
             future.result()
+
+    def _compute_masks(self, matchers: Sequence[GrammarMatcher]) -> list[np.ndarray]:
+        """The rows' masks once their states are walked: each an OR of walks plus escape
+        checks, about 12 µs a row on Llama-3 (kernel.fill releases the GIL), shared out over
+        the threads when there are enough rows to pay for the hand-off."""
+        threads = min(self.max_threads, len(matchers) // MASKS_PER_THREAD)
+        if threads <= 1:
+            return [matcher.next_token_mask_words() for matcher in matchers]
+        pending = deque(matchers)
+        futures = [self._pool.submit(_compute, pending) for _ in range(threads - 1)]
+        _compute(pending)
+        for future in futures:
+            future.result()
+        return [matcher.next_token_mask_words() for matcher in matchers]  # cached now
 
     def batch_accept_token(
         self, matchers: Sequence[GrammarMatcher], token_ids: Sequence[int]
@@ -154,6 +180,28 @@ def _numpy_target(bitmask: Any) -> tuple[np.ndarray, Any]:
     return np.ascontiguousarray(tensor.cpu().numpy()), tensor
 
 
-def _walk(tasks: Iterator[tuple[Any, int]]) -> None:
-    for compiled, state in tasks:
-        compiled.walk_states([state])
+def _compute(pending: deque[GrammarMatcher]) -> None:
+    while True:
+        try:
+            matcher = pending.popleft()
+        except IndexError:
+            return
+        matcher.next_token_mask_words()
+
+
+def _walk(pending: deque[tuple[Any, int]]) -> None:
+    """Walk states from ``pending`` until it is empty. A state whose shape-mate is being
+    walked on another thread goes back to the end of the queue; once every state left has
+    been put back in a row, the thread waits for the mate instead of spinning."""
+    put_back = 0
+    while True:
+        try:
+            compiled, state = pending.popleft()
+        except IndexError:
+            return
+        mode = DEFER_TO_MATE if put_back <= len(pending) else WAIT_FOR_MATE
+        if compiled.walk_state_scheduled(state, mode):
+            put_back = 0
+        else:
+            pending.append((compiled, state))
+            put_back += 1

@@ -33,6 +33,9 @@ from formline.vocab import Vocabulary
 DEFAULT_MASK_CACHE_BYTES = 64 << 20  # 4,096 masks of Qwen2's 4,748 words
 DEFAULT_STATE_CACHE_BYTES = 256 << 20
 STACK_LIMIT_EXCEEDED = -1
+# walk_state_scheduled's modes and answer (native/kernel.hpp's kWalkNow ... kDeferred).
+WALK_NOW, DEFER_TO_MATE, WAIT_FOR_MATE = 0, 1, 2
+DEFERRED = 1
 STEP_CACHE_ENTRIES = 1 << 16  # (configuration, token) steps kept per compiled grammar
 Step = tuple[frozenset[Stack], bool] | None
 _MISSING = object()
@@ -242,7 +245,7 @@ class CompiledGrammar:
 
     def live_byte_count(self, state: int) -> int:
         """How many bytes ``state`` can read (a batch walks the widest states first)."""
-        return len(self.live_bytes[state])
+        return int(self.kernel.live_byte_count(state))
 
     def unwalked_states(self, stacks: frozenset[Stack]) -> set[int]:
         """The stack tops of a configuration whose trie walk has not run yet."""
@@ -257,6 +260,19 @@ class CompiledGrammar:
         """
         status = self.kernel.walk_states(np.array(states, dtype=np.int32))
         self._check(status)
+
+    def walk_state_scheduled(self, state: int, mode: int) -> bool:
+        """Walk ``state`` for a batch's thread, GIL released: ``mode`` :data:`WALK_NOW`,
+        :data:`DEFER_TO_MATE` (returns ``False``, nothing done, while a state of the same row
+        shape is walked on another thread: this walk will reuse that one's) or
+        :data:`WAIT_FOR_MATE`. Returns whether the state is walked.
+
+        Raises:
+            ParserLimitError: the walk needed more stacks than the automaton's limit.
+        """
+        status = self.kernel.walk_state(state, mode)
+        self._check(status)
+        return status != DEFERRED
 
     def _check(self, status: int) -> None:
         if status == STACK_LIMIT_EXCEEDED:
