@@ -25,17 +25,15 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from formline.mask.bitmask import ids_to_bitmask, words_for
-from formline.native import NativeMaskKernel, NativeTokenTable
+from formline.native import DEFERRED, STACK_LIMIT_EXCEEDED, NativeMaskKernel, NativeTokenTable
 from formline.parser.pushdown import ParserLimitError, PushdownAutomaton, Stack
 from formline.vocab import Vocabulary
 
 # Per compiled grammar: masks of whole configurations, and the kernel's per-state walks.
 DEFAULT_MASK_CACHE_BYTES = 64 << 20  # 4,096 masks of Qwen2's 4,748 words
 DEFAULT_STATE_CACHE_BYTES = 256 << 20
-STACK_LIMIT_EXCEEDED = -1
-# walk_state_scheduled's modes and answer (native/kernel.hpp's kWalkNow ... kDeferred).
+# walk_state_scheduled's modes (native/kernel.hpp's kWalkNow, kDeferToMate, kWaitForMate).
 WALK_NOW, DEFER_TO_MATE, WAIT_FOR_MATE = 0, 1, 2
-DEFERRED = 1
 STEP_CACHE_ENTRIES = 1 << 16  # (configuration, token) steps kept per compiled grammar
 Step = tuple[frozenset[Stack], bool] | None
 _MISSING = object()
@@ -250,16 +248,6 @@ class CompiledGrammar:
     def unwalked_states(self, stacks: frozenset[Stack]) -> set[int]:
         """The stack tops of a configuration whose trie walk has not run yet."""
         return {stack[-1] for stack in stacks if not self.kernel.is_walked(stack[-1])}
-
-    def walk_states(self, states: list[int]) -> None:
-        """Run the trie walks of ``states`` now, GIL released (a batch spreads them over its
-        threads before computing the rows' masks).
-
-        Raises:
-            ParserLimitError: a walk needed more stacks than the automaton's limit.
-        """
-        status = self.kernel.walk_states(np.array(states, dtype=np.int32))
-        self._check(status)
 
     def walk_state_scheduled(self, state: int, mode: int) -> bool:
         """Walk ``state`` for a batch's thread, GIL released: ``mode`` :data:`WALK_NOW`,

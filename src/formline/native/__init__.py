@@ -11,6 +11,8 @@ kernel with.
 """
 
 from formline.native._kernel import (
+    DEFERRED,
+    STACK_LIMIT_EXCEEDED,
     NativeMaskKernel,
     NativeTokenTable,
     build_pushdown,
@@ -25,6 +27,8 @@ from formline.native._kernel import (
 )
 
 __all__ = [
+    "DEFERRED",
+    "STACK_LIMIT_EXCEEDED",
     "NativeMaskKernel",
     "NativeTokenTable",
     "build_pushdown",

@@ -38,7 +38,6 @@ cdef extern from "kernel.hpp" namespace "formline" nogil:
         int advance(const int32_t* flat, int32_t flat_length, const uint8_t* data,
                     int32_t length, Config& out)
         KernelStatistics statistics()
-        int walk_states(const int32_t* states, int32_t count)
         int walk_state_scheduled(int32_t state, int mode)
         int32_t live_byte_count(int32_t state)
         cpp_bool is_walked(int32_t state)
@@ -565,16 +564,6 @@ cdef class NativeMaskKernel:
                 PyTuple_SET_ITEM(stack, position - out.starts[k], value)
             result.append(stack)
         return frozenset(result), status == 1
-
-    def walk_states(self, const int32_t[::1] states):
-        """Walk the given states now (those not walked yet); returns 0 or
-        :data:`STACK_LIMIT_EXCEEDED`. The GIL is released."""
-        cdef int status
-        if states.shape[0] == 0:
-            return 0
-        with nogil:
-            status = self.kernel.walk_states(&states[0], states.shape[0])
-        return status
 
     def walk_state(self, int state, int mode):
         """Walk one state for a batch's thread (GIL released). ``mode`` 0 walks now, 1

@@ -136,16 +136,6 @@ class MaskKernel {
     return flags & 1;
   }
 
-  // Walks the states not walked yet (a batch spreads its new states over threads first).
-  int walk_states(const int32_t* states, int32_t count) {
-    for (int32_t k = 0; k < count; ++k) {
-      int status = 0;
-      state_data(states[k], status);
-      if (status < 0) return status;
-    }
-    return 0;
-  }
-
   // Walks one state for a batch's thread: with kDeferToMate it returns kDeferred instead when
   // a state of its row shape is being walked on another thread and none is walked yet, so the
   // thread takes other work and this walk later reuses the mate's (an alike walk, 0.2-0.3 ms
@@ -177,6 +167,10 @@ class MaskKernel {
  private:
   std::shared_ptr<const StateData> state_data(int32_t state, int& status,
                                               int mode = kWalkNow) {
+    {
+      std::lock_guard<std::mutex> guard(mutex_);
+      if (states_[state]) return states_[state];  // a fill's usual case: no shape needed
+    }
     const uint64_t shape = shape_of(state);
     {
       // Computed outside the lock, so rows on other threads walk other states meanwhile; a
@@ -196,7 +190,7 @@ class MaskKernel {
       walking_.insert(state);
       if (shape != 0) ++walking_shapes_[shape];
     }
-    auto result = walk_state(state, status);
+    auto result = walk_state(state, shape, status);
     {
       std::lock_guard<std::mutex> guard(mutex_);
       walking_.erase(state);
@@ -222,7 +216,8 @@ class MaskKernel {
     return true;
   }
 
-  std::shared_ptr<const StateData> walk_state(int32_t state, int& status) {
+  // `shape`: shape_of(state), 0 for a state that neither offers nor takes an alike walk.
+  std::shared_ptr<const StateData> walk_state(int32_t state, uint64_t shape, int& status) {
     auto data = std::make_shared<StateData>();
     std::vector<uint32_t> inside(table_->words, 0u);
     std::vector<std::pair<int32_t, int32_t>> escapes;
@@ -234,9 +229,7 @@ class MaskKernel {
     WalkOptions options;
     options.below = closed_.data();
     options.bit = closed_bit_.data();
-    const bool shaped = !automaton_.special[state] && closed_[state] == nullptr;
-    const uint64_t shape =
-        shaped ? row_shape(automaton_.transitions.data(), automaton_.special.data(), state) : 0;
+    const bool shaped = shape != 0;
     std::shared_ptr<const StateData> alike;
     const int32_t alike_to = shaped ? alike_depth(state, shape, alike) : 0;
     if (alike != nullptr && alike_to >= table_->trie.max_depth)
