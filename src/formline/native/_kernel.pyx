@@ -104,6 +104,7 @@ cdef extern from "pushdown_build.hpp" namespace "formline" nogil:
         vector[int32_t] call_begin, call_callee, call_return, rule_of_state, rule_order, cycle
         int32_t failed_rule
         int32_t nfa_states
+        int64_t determinized_states
         int32_t states
 
     vector[vector[int32_t]] rule_references_native "formline::rule_references"(
@@ -232,7 +233,8 @@ def build_pushdown(
     -5 nothing derivable, -6 left recursion), ``failed_rule``, ``nfa_states``, ``cycle`` (rule
     indices) and, on success, the tables as bytes (``transitions`` int32 states x 256,
     ``accepting`` uint8, ``call_begin``/``call_callee``/``call_return``/``rule_of_state``
-    int32), ``rule_order`` (rule indices, start first) and ``states``."""
+    int32), ``rule_order`` (rule indices, start first), ``states`` and
+    ``determinized_states`` (the rule DFAs' states before trimming and minimisation)."""
     cdef FlatGrammar grammar = _flat_grammar(
         kind, a, b, c, children, data, range_pairs, rule_root, rule_called
     )
@@ -261,6 +263,7 @@ def build_pushdown(
             rule_of_state=_int32_bytes(result.rule_of_state),
             rule_order=[rule for rule in result.rule_order],
             states=result.states,
+            determinized_states=result.determinized_states,
         )
     return found
 

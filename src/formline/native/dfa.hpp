@@ -228,6 +228,19 @@ inline int determinize(int32_t nfa_states, const int32_t* edge_begin, const int3
         }
       }
     }
+    // Keyed by its important states only (those with a byte or call edge, and the accept
+    // state): a closure differs from another only in epsilon-only states (a sequence's
+    // fresh middle states) behaves the same, so it is one DFA state, not two that
+    // minimisation merges later. With the shared UTF-8 tails of code_points_to_node, whose
+    // leads reach a tail through such states, the rule DFAs of the 295 sample schemas that
+    // compiled before had 678k states before minimisation, now 521k (322k after).
+    states.erase(std::remove_if(states.begin(), states.end(),
+                                [&](int32_t state) {
+                                  return state != accept &&
+                                         edge_begin[state] == edge_begin[state + 1] &&
+                                         call_begin[state] == call_begin[state + 1];
+                                }),
+                 states.end());
     std::sort(states.begin(), states.end());
     return states;
   };

@@ -37,6 +37,7 @@ struct PushdownResult {
   std::vector<int32_t> cycle;       // the left-recursive path, for kLeftRecursion
   int32_t failed_rule = -1;
   int32_t nfa_states = 0;
+  int64_t determinized_states = 0;  // the rule DFAs' states before trimming and minimisation
   int32_t states = 0;
 };
 
@@ -359,6 +360,7 @@ inline int build_pushdown(const FlatGrammar& grammar, int32_t rule_count, int32_
       result.failed_rule = rule;
       return status;
     }
+    result.determinized_states += determinized.states;
     dfas[rule] = from_determinized(std::move(determinized));
     built[rule] = 1;
     discovered.push_back(rule);

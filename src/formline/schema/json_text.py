@@ -33,6 +33,7 @@ from formline.schema.patterns import json_string_character, length_node
 NOTHING = Choice(())  # matches no string: a false schema, an empty enum
 QUOTE = Literal(b'"')
 ANY_VALUE_RULE = "json_value"
+PLAIN_ASCII = (0x20, 0x7E)  # printable ASCII: written raw in a JSON string, but '"' and '\\'
 
 
 def compact_json(value: Any) -> bytes:
@@ -235,8 +236,37 @@ def _trie_node(names: list[str], depth: int, leave: bool) -> Node:
 @cache
 def _character_except(characters: frozenset[str]) -> Node:
     """One string character but ``characters`` (the complement and its normalisation were
-    computed per trie node, a third of a 3-name key's 0.7 ms)."""
-    return json_string_character(complement([(ord(c), ord(c)) for c in characters]))
+    computed per trie node, a third of a 3-name key's 0.7 ms).
+
+    When every excluded character is printable ASCII that needs no escape (almost every
+    property name), the node is that byte range less the characters, or ONE node shared by
+    every trie node: the escapes and the multi-byte characters. Shared, a lead byte read at
+    any trie node reaches the same automaton states; built per trie node, each node had its
+    own copy of the UTF-8 and escape states, which minimisation merged again (5 names: 346
+    DFA states before minimisation, 40 after)."""
+    codes = sorted(ord(character) for character in characters)
+    if not all(_is_plain(code) for code in codes):
+        return json_string_character(complement([(code, code) for code in codes]))
+    kept = complement([(code, code) for code in (*codes, 0x22, 0x5C)])
+    plain = [(max(low, PLAIN_ASCII[0]), min(high, PLAIN_ASCII[1])) for low, high in kept]
+    ascii_part = [(low, high) for low, high in plain if low <= high]
+    options: list[Node] = [ByteSet(tuple(ascii_part))] if ascii_part else []
+    return choice([*options, _escaped_or_multibyte()])
+
+
+def _is_plain(code: int) -> bool:
+    """Whether a code point is written as one raw byte in a JSON string and needs no
+    escape."""
+    return PLAIN_ASCII[0] <= code <= PLAIN_ASCII[1] and code not in (0x22, 0x5C)
+
+
+@cache
+def _escaped_or_multibyte() -> Node:
+    """One string character that is not plain printable ASCII: an escape (``\\"``, ``\\n``,
+    ``\\u001f``, ...), DEL (written raw) or a character of two to four UTF-8 bytes."""
+    return json_string_character(
+        [(0, PLAIN_ASCII[0] - 1), (0x22, 0x22), (0x5C, 0x5C), (PLAIN_ASCII[1] + 1, 0x10FFFF)]
+    )
 
 
 @cache
