@@ -15,6 +15,7 @@ from __future__ import annotations
 import hashlib
 from collections.abc import Iterator
 from dataclasses import dataclass, field
+from typing import ClassVar
 
 import numpy as np
 
@@ -53,54 +54,70 @@ class Node:
     hashes, :func:`walk` visits a shared node once, and :meth:`Grammar.fingerprint` numbers
     nodes instead of printing the tree (a printed tree also recursed once per level: a
     ``minimum`` of 1e150 overflowed the stack).
+
+    Plain slotted classes, not frozen dataclasses: a dataclass's generated ``__init__`` and
+    ``__post_init__`` made a three-item ``Sequence`` cost 3.0 µs, about a third of a median
+    MaskBench schema's grammar construction; these cost about 0.7 µs. Assigning an attribute
+    raises ``AttributeError``, as a frozen dataclass does.
     """
 
-    __slots__ = ()
+    __slots__ = ("_hash", "_size")
+    field_names: ClassVar[tuple[str, ...]] = ()  # in the order of fields() and __init__
+    _hash: int
+    _size: int  # what :func:`expanded_size` answers, computed at construction
 
     def children(self) -> tuple[Node, ...]:
         return ()
-
-
-def _cache_hash(node: Node, fields: tuple[object, ...], size: int = 1) -> None:
-    # The children's hashes and sizes are cached already, so this costs O(children), not
-    # O(subtree). The size is what :func:`expanded_size` answers: the schema compiler asks it
-    # of every member and array item (5,946 tree walks, 15% of 60 MaskBench compiles).
-    object.__setattr__(node, "_hash", hash((type(node).__name__, fields)))
-    object.__setattr__(node, "_size", max(size, 1))
-
-
-class _Hashed:
-    """Equality and hashing for IR nodes: the cached hash first, then the fields."""
-
-    __slots__ = ()
 
     def fields(self) -> tuple[object, ...]:
         raise NotImplementedError
 
     def __hash__(self) -> int:
-        return self._hash  # type: ignore[attr-defined]
+        return self._hash
 
     def __eq__(self, other: object) -> bool:
         if self is other:
             return True
-        if type(other) is not type(self) or hash(other) != hash(self):
+        if type(other) is not type(self) or hash(other) != self._hash:
             return False
+        assert isinstance(other, Node)
         return self.fields() == other.fields()
 
+    def __setattr__(self, name: str, value: object) -> None:
+        raise AttributeError(f"grammar nodes are immutable: cannot assign {name!r}")
 
-@dataclass(frozen=True, slots=True, eq=False)
-class ByteSet(_Hashed, Node):
+    def __delattr__(self, name: str) -> None:
+        raise AttributeError(f"grammar nodes are immutable: cannot delete {name!r}")
+
+    def __repr__(self) -> str:
+        pairs = zip(self.field_names, self.fields(), strict=True)
+        shown = ", ".join(f"{name}={value!r}" for name, value in pairs)
+        return f"{type(self).__name__}({shown})"
+
+    def __reduce__(self) -> tuple[object, ...]:
+        return (type(self), self.fields())
+
+
+# The children's hashes and sizes are cached already, so a node costs O(children), not
+# O(subtree). The size is what :func:`expanded_size` answers: the schema compiler asks it of
+# every member and array item (5,946 tree walks, 15% of 60 MaskBench compiles).
+_set = object.__setattr__
+
+
+class ByteSet(Node):
     """One byte from a union of inclusive ranges, e.g. ``((0x30, 0x39),)`` for a digit."""
 
+    __slots__ = ("ranges",)
+    field_names = ("ranges",)
     ranges: tuple[tuple[int, int], ...]
-    _hash: int = field(default=0, init=False, repr=False, compare=False)
-    _size: int = field(default=1, init=False, repr=False, compare=False)
 
-    def __post_init__(self) -> None:
-        for low, high in self.ranges:
+    def __init__(self, ranges: tuple[tuple[int, int], ...]) -> None:
+        for low, high in ranges:
             if not 0 <= low <= high <= 255:
                 raise GrammarError(f"invalid byte range {low}-{high}")
-        _cache_hash(self, self.fields())
+        _set(self, "ranges", ranges)
+        _set(self, "_hash", hash((0, ranges)))
+        _set(self, "_size", 1)
 
     def fields(self) -> tuple[object, ...]:
         return (self.ranges,)
@@ -109,31 +126,36 @@ class ByteSet(_Hashed, Node):
         return any(low <= value <= high for low, high in self.ranges)
 
 
-@dataclass(frozen=True, slots=True, eq=False)
-class Literal(_Hashed, Node):
+class Literal(Node):
     """An exact byte string (possibly empty: the empty string matches only itself)."""
 
+    __slots__ = ("value",)
+    field_names = ("value",)
     value: bytes
-    _hash: int = field(default=0, init=False, repr=False, compare=False)
-    _size: int = field(default=1, init=False, repr=False, compare=False)
 
-    def __post_init__(self) -> None:
-        _cache_hash(self, self.fields(), len(self.value))
+    def __init__(self, value: bytes) -> None:
+        _set(self, "value", value)
+        _set(self, "_hash", hash((1, value)))
+        _set(self, "_size", len(value) or 1)
 
     def fields(self) -> tuple[object, ...]:
         return (self.value,)
 
 
-@dataclass(frozen=True, slots=True, eq=False)
-class Sequence(_Hashed, Node):
+class Sequence(Node):
     """Items one after another."""
 
+    __slots__ = ("items",)
+    field_names = ("items",)
     items: tuple[Node, ...]
-    _hash: int = field(default=0, init=False, repr=False, compare=False)
-    _size: int = field(default=1, init=False, repr=False, compare=False)
 
-    def __post_init__(self) -> None:
-        _cache_hash(self, self.fields(), sum(expanded_size(item) for item in self.items))
+    def __init__(self, items: tuple[Node, ...]) -> None:
+        _set(self, "items", items)
+        _set(self, "_hash", hash((2, items)))
+        size = 0
+        for item in items:
+            size += item._size
+        _set(self, "_size", size or 1)
 
     def fields(self) -> tuple[object, ...]:
         return (self.items,)
@@ -142,16 +164,20 @@ class Sequence(_Hashed, Node):
         return self.items
 
 
-@dataclass(frozen=True, slots=True, eq=False)
-class Choice(_Hashed, Node):
+class Choice(Node):
     """Any one of the options."""
 
+    __slots__ = ("options",)
+    field_names = ("options",)
     options: tuple[Node, ...]
-    _hash: int = field(default=0, init=False, repr=False, compare=False)
-    _size: int = field(default=1, init=False, repr=False, compare=False)
 
-    def __post_init__(self) -> None:
-        _cache_hash(self, self.fields(), sum(expanded_size(option) for option in self.options))
+    def __init__(self, options: tuple[Node, ...]) -> None:
+        _set(self, "options", options)
+        _set(self, "_hash", hash((3, options)))
+        size = 0
+        for option in options:
+            size += option._size
+        _set(self, "_size", size or 1)
 
     def fields(self) -> tuple[object, ...]:
         return (self.options,)
@@ -160,21 +186,23 @@ class Choice(_Hashed, Node):
         return self.options
 
 
-@dataclass(frozen=True, slots=True, eq=False)
-class Repeat(_Hashed, Node):
+class Repeat(Node):
     """``item`` repeated between ``minimum`` and ``maximum`` times (``None``: unbounded)."""
 
+    __slots__ = ("item", "maximum", "minimum")
+    field_names = ("item", "minimum", "maximum")
     item: Node
-    minimum: int = 0
-    maximum: int | None = None
-    _hash: int = field(default=0, init=False, repr=False, compare=False)
-    _size: int = field(default=1, init=False, repr=False, compare=False)
+    minimum: int
+    maximum: int | None
 
-    def __post_init__(self) -> None:
-        if self.minimum < 0 or (self.maximum is not None and self.maximum < self.minimum):
-            raise GrammarError(f"invalid repetition bounds {{{self.minimum},{self.maximum}}}")
-        count = max(self.maximum or self.minimum, 1)
-        _cache_hash(self, self.fields(), expanded_size(self.item) * count)
+    def __init__(self, item: Node, minimum: int = 0, maximum: int | None = None) -> None:
+        if minimum < 0 or (maximum is not None and maximum < minimum):
+            raise GrammarError(f"invalid repetition bounds {{{minimum},{maximum}}}")
+        _set(self, "item", item)
+        _set(self, "minimum", minimum)
+        _set(self, "maximum", maximum)
+        _set(self, "_hash", hash((4, item, minimum, maximum)))
+        _set(self, "_size", item._size * max(maximum or minimum, 1))
 
     def fields(self) -> tuple[object, ...]:
         return (self.item, self.minimum, self.maximum)
@@ -183,16 +211,17 @@ class Repeat(_Hashed, Node):
         return (self.item,)
 
 
-@dataclass(frozen=True, slots=True, eq=False)
-class RuleReference(_Hashed, Node):
+class RuleReference(Node):
     """A reference to another rule of the same grammar, by name."""
 
+    __slots__ = ("name",)
+    field_names = ("name",)
     name: str
-    _hash: int = field(default=0, init=False, repr=False, compare=False)
-    _size: int = field(default=1, init=False, repr=False, compare=False)
 
-    def __post_init__(self) -> None:
-        _cache_hash(self, self.fields())
+    def __init__(self, name: str) -> None:
+        _set(self, "name", name)
+        _set(self, "_hash", hash((5, name)))
+        _set(self, "_size", 1)
 
     def fields(self) -> tuple[object, ...]:
         return (self.name,)
@@ -225,7 +254,7 @@ def expanded_size(node: Node) -> int:
     """About how many automaton states ``node`` unrolls to: a bounded repetition counts its
     item once per allowed repetition (``{0,255}`` of a character is 255 characters), a
     shared subtree once per use, a reference once. Costs O(1): computed at construction."""
-    return node._size  # type: ignore[attr-defined]
+    return node._size
 
 
 KIND_BYTE_SET, KIND_LITERAL, KIND_SEQUENCE, KIND_CHOICE, KIND_REPEAT, KIND_REFERENCE = range(6)
