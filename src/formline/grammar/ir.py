@@ -104,6 +104,16 @@ class Node:
 _set = object.__setattr__
 
 
+def _set_composite(node: Node, attribute: str, kind: int, children: tuple[Node, ...]) -> None:
+    """A sequence's or choice's fields: its children, hash and expanded size."""
+    _set(node, attribute, children)
+    _set(node, "_hash", hash((kind, children)))
+    size = 0
+    for child in children:
+        size += child._size
+    _set(node, "_size", size or 1)
+
+
 class ByteSet(Node):
     """One byte from a union of inclusive ranges, e.g. ``((0x30, 0x39),)`` for a digit."""
 
@@ -150,12 +160,7 @@ class Sequence(Node):
     items: tuple[Node, ...]
 
     def __init__(self, items: tuple[Node, ...]) -> None:
-        _set(self, "items", items)
-        _set(self, "_hash", hash((2, items)))
-        size = 0
-        for item in items:
-            size += item._size
-        _set(self, "_size", size or 1)
+        _set_composite(self, "items", 2, items)
 
     def fields(self) -> tuple[object, ...]:
         return (self.items,)
@@ -172,12 +177,7 @@ class Choice(Node):
     options: tuple[Node, ...]
 
     def __init__(self, options: tuple[Node, ...]) -> None:
-        _set(self, "options", options)
-        _set(self, "_hash", hash((3, options)))
-        size = 0
-        for option in options:
-            size += option._size
-        _set(self, "_size", size or 1)
+        _set_composite(self, "options", 3, options)
 
     def fields(self) -> tuple[object, ...]:
         return (self.options,)
