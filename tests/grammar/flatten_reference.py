@@ -23,8 +23,8 @@ from formline.grammar.ir import (
 
 
 def flatten_reference(rules: dict[str, Node]) -> FlatGrammar:
-    """Number the distinct nodes of ``rules`` (shared subtrees once, by identity), children
-    first, into a :class:`FlatGrammar`.
+    """Number the distinct nodes of ``rules`` (equal subtrees once: a node's key is its kind
+    and fields, its children by number), children first, into a :class:`FlatGrammar`.
 
     Raises:
         GrammarError: a reference names a rule that is not defined.
@@ -33,6 +33,7 @@ def flatten_reference(rules: dict[str, Node]) -> FlatGrammar:
     names = sorted(rules)
     rule_number = {name: index for index, name in enumerate(names)}
     numbers: dict[int, int] = {}
+    by_value: dict[tuple[object, ...], int] = {}
     kind: list[int] = []
     a: list[int] = []
     b: list[int] = []
@@ -51,8 +52,27 @@ def flatten_reference(rules: dict[str, Node]) -> FlatGrammar:
                 pending.append((node, True))
                 pending.extend((child, False) for child in below if id(child) not in numbers)
                 continue
-            numbers[id(node)] = len(kind)
             maximum = 0
+            if type(node) is ByteSet:
+                key: tuple[object, ...] = (KIND_BYTE_SET, node.ranges)
+            elif type(node) is Literal:
+                key = (KIND_LITERAL, node.value)
+            elif type(node) is Sequence or type(node) is Choice:
+                code = KIND_SEQUENCE if type(node) is Sequence else KIND_CHOICE
+                key = (code, tuple(numbers[id(child)] for child in below))
+            elif type(node) is Repeat:
+                key = (KIND_REPEAT, numbers[id(node.item)], node.minimum, node.maximum)
+            elif type(node) is RuleReference:
+                target = rule_number.get(node.name)
+                if target is None:
+                    raise GrammarError(f"rule {name!r} references undefined rule {node.name!r}")
+                key = (KIND_REFERENCE, target)
+            else:
+                raise GrammarError(f"unknown grammar node {type(node).__name__}")
+            if key in by_value:  # an equal subtree is numbered already
+                numbers[id(node)] = by_value[key]
+                continue
+            numbers[id(node)] = by_value[key] = len(kind)
             if type(node) is ByteSet:
                 code, first = KIND_BYTE_SET, len(ranges) // 2
                 for low, high in node.ranges:
@@ -63,20 +83,14 @@ def flatten_reference(rules: dict[str, Node]) -> FlatGrammar:
                 data.extend(node.value)
                 end = len(data)
             elif type(node) is Sequence or type(node) is Choice:
-                code = KIND_SEQUENCE if type(node) is Sequence else KIND_CHOICE
                 first = len(children)
-                children.extend([numbers[id(child)] for child in below])
+                children.extend(key[1])
                 end = len(children)
             elif type(node) is Repeat:
                 code, first, end = KIND_REPEAT, numbers[id(node.item)], node.minimum
                 maximum = -1 if node.maximum is None else node.maximum
-            elif type(node) is RuleReference:
-                target = rule_number.get(node.name)
-                if target is None:
-                    raise GrammarError(f"rule {name!r} references undefined rule {node.name!r}")
-                code, first, end = KIND_REFERENCE, target, 0
             else:
-                raise GrammarError(f"unknown grammar node {type(node).__name__}")
+                code, first, end = KIND_REFERENCE, key[1], 0
             kind.append(code)
             a.append(first)
             b.append(end)

@@ -10,6 +10,7 @@ from flatten_reference import flatten_reference
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from formline.automata.native_build import build_tables
 from formline.grammar.ir import (
     ByteSet,
     Choice,
@@ -23,6 +24,7 @@ from formline.grammar.ir import (
     flatten,
 )
 from formline.schema import SchemaError, schema_to_grammar
+from formline.schema.numbers import number_node
 
 MASKBENCH = Path(__file__).resolve().parents[1] / "data" / "maskbench"
 FIELDS = ("kind", "a", "b", "c", "children", "data", "range_pairs", "rule_root")
@@ -80,6 +82,21 @@ def test_shared_nodes_are_numbered_once() -> None:
     flat = flatten({"root": Sequence((shared, shared, Repeat(shared, 2, 3)))})
     assert len(flat.kind) == 5  # literal, byte set, shared sequence, repeat, root
     assert np.count_nonzero(flat.kind == 2) == 2
+
+
+def test_equal_subtrees_built_apart_are_numbered_once() -> None:
+    def digits() -> Node:
+        return Sequence((ByteSet(((49, 57),)), Repeat(ByteSet(((48, 57),)), 0, None)))
+
+    unsigned, again = digits(), digits()
+    assert unsigned is not again
+    flat = flatten({"root": Choice((unsigned, Sequence((Literal(b"-"), again))))})
+    # two byte sets, the repeat, the digits, "-", the signed sequence, the root
+    assert len(flat.kind) == 7
+    # A number's signed branch now shares its digits with the unsigned one in the automaton:
+    # 12 states before minimisation, 22 before (9 after).
+    found = build_tables(Grammar({"root": number_node(None, None)}), set())
+    assert found["determinized_states"] <= 12
 
 
 def test_an_undefined_reference_names_both_rules() -> None:

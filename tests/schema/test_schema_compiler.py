@@ -12,6 +12,7 @@ from formline.automata.native_build import build_tables
 from formline.grammar import Grammar
 from formline.parser.pushdown import build_pushdown
 from formline.schema import SchemaError, schema_to_grammar
+from formline.schema.api import serialize_like_schema
 from formline.schema.json_text import string_body_except
 from formline.schema.patterns import length_node
 
@@ -337,6 +338,25 @@ def test_compile_schema_gives_matcher_report_after_check_and_schema_order(
     assert compiled.check({"name": "Zoë", "tags": ["a"]}) == []
     refused = compiled.matcher()
     assert not refused.accept_string(b'{"tags"')
+
+
+def test_values_under_pattern_properties_are_written_in_their_schema_order() -> None:
+    service = {
+        "type": "object",
+        "properties": {"build": {"type": "string"}, "image": {"type": "string"}},
+        "additionalProperties": False,
+    }
+    schema = {
+        "type": "object",
+        "properties": {
+            "services": {"type": "object", "patternProperties": {"^[a-z]+$": service}},
+            "version": {"type": "string"},
+        },
+    }
+    value = {"version": "3", "services": {"web": {"image": "nginx", "build": "."}}}
+    text = serialize_like_schema(schema, value)
+    assert text == '{"services":{"web":{"build":".","image":"nginx"}},"version":"3"}'
+    assert language(schema)(text.encode())
 
 
 def test_a_flat_object_of_600_properties_compiles() -> None:

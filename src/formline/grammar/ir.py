@@ -262,7 +262,7 @@ KIND_BYTE_SET, KIND_LITERAL, KIND_SEQUENCE, KIND_CHOICE, KIND_REPEAT, KIND_REFER
 
 @dataclass(frozen=True, eq=False)
 class FlatGrammar:
-    """A grammar's IR as arrays, one entry per distinct node, children before parents: what
+    """A grammar's IR as arrays, one entry per distinct node value, children before parents: what
     the native automaton build reads (``native/thompson.hpp``) and the fingerprint hashes.
 
     ``kind`` (int8) says what ``a``, ``b``, ``c`` (int32) hold: a byte set's ranges
@@ -292,9 +292,11 @@ class FlatGrammar:
 
 
 def flatten(rules: dict[str, Node]) -> FlatGrammar:
-    """Number the distinct nodes of ``rules`` (shared subtrees once, by identity), children
-    first, into a :class:`FlatGrammar`, in the native kernel (``flatten_rules``; the Python
-    loop, now ``tests/grammar/flatten_reference.py``, was 30% of a small schema's compile).
+    """Number the distinct nodes of ``rules`` (equal subtrees once, by value: the schema
+    compiler builds equal subtrees as distinct objects, and one flat node is one piece of
+    automaton that the NFA build can share), children first, into a :class:`FlatGrammar`, in
+    the native kernel (``flatten_rules``; the Python loop, now
+    ``tests/grammar/flatten_reference.py``, was 30% of a small schema's compile).
 
     Raises:
         GrammarError: a reference names a rule that is not defined.

@@ -290,15 +290,20 @@ def rule_references(
 
 
 def flatten_rules(list roots, dict rule_number, tuple classes):
-    """The IR of ``roots`` (each rule's body, rules in order) as flat arrays, shared nodes once
-    (by identity), children first: ``grammar.ir.flatten``'s loop, here because it was 30% of a
-    small schema's compile at 1.5 µs a node in Python. ``classes`` are the IR's node classes
-    (ByteSet, Literal, Sequence, Choice, Repeat, RuleReference), passed in so that this module
-    imports nothing of formline. Returns (kind, a, b, c, children, data, range_pairs) as bytes
-    (int8, int32 x 5, uint8 x 1 for data) and the root numbers; an unknown reference raises
-    ``KeyError`` with its name, an unknown node type ``TypeError``."""
+    """The IR of ``roots`` (each rule's body, rules in order) as flat arrays, equal subtrees
+    once, children first: ``grammar.ir.flatten``'s loop, here because it was 30% of a small
+    schema's compile at 1.5 µs a node in Python. Nodes are numbered by value, not identity (a
+    node's key is its kind with its fields, its children by number): the schema compiler
+    builds equal subtrees as distinct objects (a number's signed and unsigned branches), and
+    one flat node is one piece of automaton that the NFA build enters through one shared state
+    where the ends agree. ``classes`` are the IR's node classes (ByteSet, Literal, Sequence,
+    Choice, Repeat, RuleReference), passed in so that this module imports nothing of
+    formline. Returns (kind, a, b, c, children, data, range_pairs) as bytes (int8, int32 x 5,
+    uint8 x 1 for data) and the root numbers; an unknown reference raises ``KeyError`` with
+    its name, an unknown node type ``TypeError``."""
     byte_set, literal, sequence, choice, repeat, reference = classes
-    cdef dict numbers = {}
+    cdef dict numbers = {}  # id(node) -> its number
+    cdef dict by_value = {}  # a node's key -> its number
     cdef vector[int8_t] kind
     cdef vector[int32_t] a, b, c, children, ranges
     cdef vector[uint8_t] data
@@ -328,7 +333,25 @@ def flatten_rules(list roots, dict rule_number, tuple classes):
                 if id(node.item) not in numbers:
                     pending.append((node.item, False))
                 continue
-            numbers[key] = kind.size()
+            if node_type is byte_set:
+                value_key = (0, node.ranges)
+            elif node_type is literal:
+                value_key = (1, node.value)
+            elif node_type is sequence:
+                value_key = (2, tuple([numbers[id(child)] for child in node.items]))
+            elif node_type is choice:
+                value_key = (3, tuple([numbers[id(child)] for child in node.options]))
+            elif node_type is repeat:
+                value_key = (4, numbers[id(node.item)], node.minimum, node.maximum)
+            elif node_type is reference:
+                value_key = (5, rule_number[node.name])
+            else:
+                raise TypeError(f"unknown grammar node {node_type.__name__}")
+            known = by_value.get(value_key)
+            if known is not None:
+                numbers[key] = known
+                continue
+            numbers[key] = by_value[value_key] = kind.size()
             if node_type is byte_set:
                 kind.push_back(0)
                 a.push_back(ranges.size() // 2)
@@ -349,28 +372,24 @@ def flatten_rules(list roots, dict rule_number, tuple classes):
                 c.push_back(0)
             elif node_type is sequence or node_type is choice:
                 if node_type is sequence:
-                    below = node.items
                     kind.push_back(2)
                 else:
-                    below = node.options
                     kind.push_back(3)
                 a.push_back(children.size())
-                for child in below:
-                    children.push_back(numbers[id(child)])
+                for number in value_key[1]:
+                    children.push_back(number)
                 b.push_back(children.size())
                 c.push_back(0)
             elif node_type is repeat:
                 kind.push_back(4)
-                a.push_back(numbers[id(node.item)])
+                a.push_back(value_key[1])
                 b.push_back(node.minimum)
                 c.push_back(-1 if node.maximum is None else node.maximum)
-            elif node_type is reference:
+            else:
                 kind.push_back(5)
-                a.push_back(rule_number[node.name])
+                a.push_back(value_key[1])
                 b.push_back(0)
                 c.push_back(0)
-            else:
-                raise TypeError(f"unknown grammar node {node_type.__name__}")
         root_numbers.append(numbers[id(root)])
     return (
         PyBytes_FromStringAndSize(<char*>kind.data(), kind.size()),

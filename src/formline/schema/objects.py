@@ -144,7 +144,7 @@ class _Members:
         if name in self.properties:
             schemas.append(self.properties[name])
         for pattern, sub in self.schema.get("patternProperties", {}).items():
-            if _search(pattern, name):
+            if is_pattern_match(pattern, name):
                 schemas.append(sub)
         if name not in self.properties and not schemas:
             schemas.append(self.schema.get("additionalProperties", True))
@@ -171,7 +171,7 @@ class _Members:
             raise SchemaError("patternProperties must be an object", pointer, "patternProperties")
         for pattern, sub in patterns.items():
             segment = f"{pointer}/patternProperties/{escape_pointer(pattern)}"
-            if any(_search(pattern, name) for name in self.names):
+            if any(is_pattern_match(pattern, name) for name in self.names):
                 self.compiler.record(
                     "checked_after",
                     "properties",
@@ -298,7 +298,7 @@ class _Members:
         )
 
 
-def _search(pattern: str, name: str) -> bool:
+def is_pattern_match(pattern: str, name: str) -> bool:
     """Whether a patternProperties regex matches a declared name (Python's ``re`` for the
     common ECMA subset; a pattern Python cannot read matches nothing here and the
     after-check decides)."""
