@@ -61,22 +61,13 @@ def token_table(vocabulary: Vocabulary) -> NativeTokenTable:
 
 def call_arrays(automaton: PushdownAutomaton) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """The call edges in CSR form: ``begin`` (states + 1), callee starts, return states."""
-    counts = np.array([len(calls) for calls in automaton.calls], dtype=np.int32)
-    begin = np.zeros(automaton.size + 1, dtype=np.int32)
-    np.cumsum(counts, out=begin[1:])
-    flat = [edge for calls in automaton.calls for edge in calls]
-    callee = np.array([edge[0] for edge in flat], dtype=np.int32)
-    returning = np.array([edge[1] for edge in flat], dtype=np.int32)
-    return begin, callee, returning
+    return automaton.call_begin, automaton.call_callee, automaton.call_return
 
 
 def escapes_possible(automaton: PushdownAutomaton) -> np.ndarray:
     """Per state: whether a stack with this top can have something below it. A state of an
     uncalled start rule never does, so its walk records no escape leftovers."""
-    start_is_called = any(
-        callee == automaton.start for calls in automaton.calls for callee, _ in calls
-    )
-    if start_is_called:
+    if bool((automaton.call_callee == automaton.start).any()):
         return np.ones(automaton.size, dtype=np.uint8)
     return (automaton.rule_of_state != 0).astype(np.uint8)
 

@@ -140,12 +140,12 @@ def _automaton(arrays: dict[str, np.ndarray], header: Any) -> PushdownAutomaton:
     ]
     if not all(in_range):
         raise StoredGrammarError("the stored grammar has an index out of range")
-    pairs = list(zip(callee.tolist(), returning.tolist(), strict=True))
-    bounds = begin.tolist()
     return PushdownAutomaton(
         transitions=np.ascontiguousarray(transitions),
         accepting=accepting.astype(bool),
-        calls=[tuple(pairs[bounds[state] : bounds[state + 1]]) for state in range(size)],
+        call_begin=begin,
+        call_callee=callee,
+        call_return=returning,
         start=start,
         rule_names=rule_names,
         rule_of_state=rule_of_state.astype(np.int32),
