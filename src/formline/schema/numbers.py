@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import math
 from decimal import Decimal
+from functools import cache
 
 from formline.grammar.ir import EMPTY, ByteSet, Choice, Literal, Node, Repeat, Sequence
 
@@ -50,6 +51,8 @@ def integer_node(minimum: int | None, maximum: int | None) -> Node:
     ``None`` leaves a side unbounded. Raises ValueError when ``minimum > maximum``.
     Costs O(digits) nodes (O(digits²) NFA states); values are never enumerated.
     """
+    if minimum is None and maximum is None:
+        return _any_integer()
     if minimum is not None and maximum is not None and minimum > maximum:
         raise ValueError(f"empty integer range: minimum {minimum} > maximum {maximum}")
     negated_maximum = None if maximum is None else -maximum
@@ -73,6 +76,8 @@ def number_node(
         ValueError: an empty range, or a bound that is not finite (or is a boolean).
     Costs O(bound digits) nodes.
     """
+    if minimum is None and maximum is None:
+        return _any_number()
     low, high = _to_decimal(minimum), _to_decimal(maximum)
     positive = _unsigned_numbers(low, exclusive_minimum, high, exclusive_maximum)
     # "-" and the mirrored magnitudes, flags swapped ("-0" has value 0: no special case).
@@ -82,6 +87,25 @@ def number_node(
     node = _choice([positive, _sequence(Literal(b"-"), negative)])
     if node is None:
         raise ValueError(f"empty number range between {low} and {high}")
+    return node
+
+
+# The unbounded forms, built once: most number and integer fields have no bounds, and a
+# number's node was 0.3 ms of Python per field.
+@cache
+def _any_integer() -> Node:
+    node = _choice(
+        [_natural_range(None, None), _sequence(Literal(b"-"), _natural_range(None, None))]
+    )
+    assert node is not None
+    return node
+
+
+@cache
+def _any_number() -> Node:
+    positive = _unsigned_numbers(None, False, None, False)
+    node = _choice([positive, _sequence(Literal(b"-"), positive)])
+    assert node is not None
     return node
 
 
