@@ -497,6 +497,7 @@ cdef class NativeMaskKernel:
 
     cdef MaskKernel* kernel
     cdef NativeTokenTable table
+    cdef object transitions  # the kernel reads this buffer, not a copy: kept alive here
     cdef readonly int words
     cdef readonly int size
 
@@ -526,6 +527,7 @@ cdef class NativeMaskKernel:
         cdef const int32_t* return_pointer = &call_return[0] if calls else &dummy
         cdef const int32_t* eos_pointer = &eos_ids[0] if eos_ids.shape[0] else &dummy
         self.table = table
+        self.transitions = transitions
         self.words = table.table.words
         self.size = size
         self.kernel = new_mask_kernel(

@@ -148,7 +148,7 @@ class MaskKernel {
 
   // How many bytes `state` reads (a batch walks the widest states first). Costs 256 reads.
   int32_t live_byte_count(int32_t state) const {
-    const int32_t* row = automaton_.transitions.data() + static_cast<int64_t>(state) * 256;
+    const int32_t* row = automaton_.transitions + static_cast<int64_t>(state) * 256;
     return static_cast<int32_t>(std::count_if(row, row + 256, [](int32_t t) { return t >= 0; }));
   }
 
@@ -203,7 +203,7 @@ class MaskKernel {
   // The row shape that groups `state` with the states whose walks it may reuse (0: none).
   uint64_t shape_of(int32_t state) const {
     if (automaton_.special[state] || closed_[state] != nullptr) return 0;
-    return row_shape(automaton_.transitions.data(), automaton_.special.data(), state);
+    return row_shape(automaton_.transitions, automaton_.special.data(), state);
   }
 
   // Whether a state of `state`'s shape is being walked while none is walked yet (mutex_ held).
@@ -315,7 +315,7 @@ class MaskKernel {
     const int32_t limit = std::min(table_->trie.max_depth, kAlikeEnough);
     int32_t best = 0;
     for (const auto& candidate : candidates) {
-      const int32_t depth = equal_depth(automaton_.transitions.data(), automaton_.special.data(),
+      const int32_t depth = equal_depth(automaton_.transitions, automaton_.special.data(),
                                         state, candidate.first, limit);
       if (depth > best) best = depth, alike = candidate.second;
       if (best >= limit) break;
@@ -369,7 +369,7 @@ class MaskKernel {
     std::vector<std::pair<int32_t, int32_t>> edges;  // (from, to) positions in `reached`
     index[state] = 0;
     for (size_t k = 0; k < reached.size(); ++k) {
-      const int32_t* row = automaton_.transitions.data() + static_cast<int64_t>(reached[k]) * 256;
+      const int32_t* row = automaton_.transitions + static_cast<int64_t>(reached[k]) * 256;
       int32_t last = -1;
       for (int byte = 0; byte < 256; ++byte) {
         const int32_t next = row[byte];
@@ -400,7 +400,7 @@ class MaskKernel {
     piece.assign(members.size() * 256, -1);
     for (size_t k = 0; k < reached.size(); ++k) {
       if (position[k] < 0) continue;
-      const int32_t* row = automaton_.transitions.data() + static_cast<int64_t>(reached[k]) * 256;
+      const int32_t* row = automaton_.transitions + static_cast<int64_t>(reached[k]) * 256;
       for (int byte = 0; byte < 256; ++byte) {
         const int32_t next = row[byte];
         if (next < 0 || automaton_.special[next]) continue;
@@ -417,7 +417,7 @@ class MaskKernel {
     std::vector<int8_t> piece;
     for (int32_t state = 0; state < automaton_.size; ++state) {
       if (automaton_.special[state] || closed_[state] != nullptr) continue;
-      const int32_t* row = automaton_.transitions.data() + static_cast<int64_t>(state) * 256;
+      const int32_t* row = automaton_.transitions + static_cast<int64_t>(state) * 256;
       int loops = 0;
       for (int byte = 0; byte < 256; ++byte) loops += row[byte] == state;
       if (loops < kClosedMinimum) continue;
@@ -528,7 +528,7 @@ inline MaskKernel* new_mask_kernel(const TokenTable* table, int32_t size,
   Automaton automaton;
   automaton.size = size;
   automaton.stack_limit = stack_limit;
-  automaton.transitions.assign(transitions, transitions + static_cast<int64_t>(size) * 256);
+  automaton.transitions = transitions;
   automaton.accepting.assign(accepting, accepting + size);
   automaton.call_begin.assign(call_begin, call_begin + size + 1);
   automaton.call_callee.assign(call_callee, call_callee + call_begin[size]);
@@ -537,7 +537,7 @@ inline MaskKernel* new_mask_kernel(const TokenTable* table, int32_t size,
   automaton.special.assign(size, 0);
   automaton.tail.assign(size, 0);
   for (int32_t state = 0; state < size; ++state) {
-    const int32_t* row = automaton.transitions.data() + static_cast<int64_t>(state) * 256;
+    const int32_t* row = automaton.transitions + static_cast<int64_t>(state) * 256;
     automaton.has_bytes[state] = std::any_of(row, row + 256, [](int32_t t) { return t >= 0; });
     const bool calls = call_begin[state + 1] > call_begin[state];
     automaton.special[state] = accepting[state] || calls;
