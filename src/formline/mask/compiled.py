@@ -59,11 +59,6 @@ def token_table(vocabulary: Vocabulary) -> NativeTokenTable:
     return NativeTokenTable(data, offsets, lengths, np.array(ids, dtype=np.int32), vocabulary.size)
 
 
-def call_arrays(automaton: PushdownAutomaton) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """The call edges in CSR form: ``begin`` (states + 1), callee starts, return states."""
-    return automaton.call_begin, automaton.call_callee, automaton.call_return
-
-
 def escapes_possible(automaton: PushdownAutomaton) -> np.ndarray:
     """Per state: whether a stack with this top can have something below it. A state of an
     uncalled start rule never does, so its walk records no escape leftovers."""
@@ -121,14 +116,13 @@ class CompiledGrammar:
         self.eos_ids = np.array(sorted(self.vocabulary.eos_ids), dtype=np.int32)
         self.eos_mask = ids_to_bitmask(self.eos_ids, self.words)
         self.eos_mask.setflags(write=False)
-        begin, callee, returning = call_arrays(automaton)
         self.kernel = NativeMaskKernel(
             self.table,
             np.ascontiguousarray(automaton.transitions, dtype=np.int32),
             automaton.accepting.astype(np.uint8),
-            begin,
-            callee,
-            returning,
+            automaton.call_begin,
+            automaton.call_callee,
+            automaton.call_return,
             escapes_possible(automaton),
             self.eos_ids,
             automaton.stack_limit,

@@ -20,7 +20,7 @@ from typing import Any
 import numpy as np
 
 from formline.errors import FormlineError
-from formline.mask.compiled import CompiledGrammar, CompileStatistics, call_arrays
+from formline.mask.compiled import CompiledGrammar, CompileStatistics
 from formline.native import NativeTokenTable
 from formline.parser.pushdown import PushdownAutomaton
 from formline.vocab import Vocabulary
@@ -39,7 +39,6 @@ def serialize(compiled: CompiledGrammar) -> bytes:
     """The compiled grammar's automaton and header as ``.npz`` bytes (zlib-compressed: a
     transition table is mostly -1). Costs O(automaton size)."""
     automaton = compiled.automaton
-    begin, callee, returning = call_arrays(automaton)
     header = {
         "format": FORMAT,
         "version": FORMAT_VERSION,
@@ -57,9 +56,9 @@ def serialize(compiled: CompiledGrammar) -> bytes:
         transitions=automaton.transitions.astype(np.int32),
         accepting=automaton.accepting.astype(np.uint8),
         rule_of_state=automaton.rule_of_state.astype(np.int32),
-        call_begin=begin,
-        call_callee=callee,
-        call_return=returning,
+        call_begin=automaton.call_begin,
+        call_callee=automaton.call_callee,
+        call_return=automaton.call_return,
     )
     return buffer.getvalue()
 

@@ -98,12 +98,10 @@ class PushdownAutomaton:
             rule_of_state, stack_limit,
         )  # fmt: skip
 
-    @cached_property
+    @property
     def calls(self) -> list[tuple[tuple[int, int], ...]]:
-        """Per state, its ``(callee start, return state)`` pairs."""
-        pairs = list(zip(self.call_callee.tolist(), self.call_return.tolist(), strict=True))
-        bounds = self.call_begin.tolist()
-        return [tuple(pairs[bounds[state] : bounds[state + 1]]) for state in range(self.size)]
+        """Per state, its ``(callee start, return state)`` pairs. Costs O(states)."""
+        return [self.calls_of(state) for state in range(self.size)]
 
     @cached_property
     def _readable(self) -> list[bool | None]:
@@ -130,19 +128,30 @@ class PushdownAutomaton:
         return special
 
     @cached_property
-    def _call_lists(self) -> tuple[list[int], list[int], list[int]]:
-        return self.call_begin.tolist(), self.call_callee.tolist(), self.call_return.tolist()
+    def _call_begin(self) -> list[int]:
+        begin: list[int] = self.call_begin.tolist()
+        return begin
+
+    @cached_property
+    def _known_calls(self) -> list[tuple[tuple[int, int], ...] | None]:
+        return [None] * self.size
 
     def calls_of(self, state: int) -> tuple[tuple[int, int], ...]:
-        """``state``'s ``(callee start, return state)`` pairs. Costs O(its calls)."""
-        begin, callee, returning = self._call_lists
-        low, high = begin[state], begin[state + 1]
-        return tuple(zip(callee[low:high], returning[low:high], strict=True))
+        """``state``'s ``(callee start, return state)`` pairs, made once per state (the
+        closure of every jump-forward and accept_string step asks again). Costs O(its
+        calls) the first time."""
+        known = self._known_calls[state]
+        if known is None:
+            low, high = self._call_begin[state], self._call_begin[state + 1]
+            callees = self.call_callee[low:high].tolist()
+            returns = self.call_return[low:high].tolist()
+            known = self._known_calls[state] = tuple(zip(callees, returns, strict=True))
+        return known
 
     def is_tail(self, state: int) -> bool:
         """Whether ``state`` accepts with nothing after it (a call returning there need not
         push it)."""
-        begin = self._call_lists[0]
+        begin = self._call_begin
         return (
             self.accepting_list[state]
             and begin[state] == begin[state + 1]

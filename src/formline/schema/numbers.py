@@ -94,9 +94,8 @@ def number_node(
 # number's node was 0.3 ms of Python per field.
 @cache
 def _any_integer() -> Node:
-    node = _choice(
-        [_natural_range(None, None), _sequence(Literal(b"-"), _natural_range(None, None))]
-    )
+    natural = _natural_range(None, None)
+    node = _choice([natural, _sequence(Literal(b"-"), natural)])
     assert node is not None
     return node
 

@@ -123,7 +123,7 @@ class _Members:
             if name not in allowed_names:
                 self.unsatisfiable |= is_required
                 continue
-            value_schema = self._property_schema(name)
+            value_schema = member_schema(self.schema, name)
             segment = f"{self.pointer}/properties/{escape_pointer(name)}"
             if name not in self.properties:
                 segment = f"{self.pointer}/required"
@@ -136,21 +136,6 @@ class _Members:
             if _size(member) > SHARED_MEMBER_NODES:
                 member = self.compiler.shared(member, "property", force=True)
             self.declared.append((name, member, is_required))
-
-    def _property_schema(self, name: str) -> Any:
-        """The schema of a declared name: its own, plus matching patternProperties; a name
-        that is only ``required`` takes additionalProperties."""
-        schemas = []
-        if name in self.properties:
-            schemas.append(self.properties[name])
-        for pattern, sub in self.schema.get("patternProperties", {}).items():
-            if is_pattern_match(pattern, name):
-                schemas.append(sub)
-        if name not in self.properties and not schemas:
-            schemas.append(self.schema.get("additionalProperties", True))
-        if len(schemas) == 1:
-            return schemas[0]
-        return {"allOf": schemas}
 
     def _names_allowed(self, names: list[str]) -> set[str]:
         names_schema = self.schema.get("propertyNames")
@@ -296,6 +281,21 @@ class _Members:
             first=written == 0,
             where=(self.pointer, "minProperties", "maxProperties"),
         )
+
+
+def member_schema(schema: Schema, name: str) -> Any:
+    """The schema a member ``name`` of an object under ``schema`` is written with: its
+    declared schema plus every ``patternProperties`` schema whose pattern matches it, else
+    ``additionalProperties`` (the compiler's declared names and the serialiser's key order
+    both read it). Costs one regex search per pattern."""
+    properties = schema.get("properties", {})
+    patterns = schema.get("patternProperties", {})
+    schemas = [properties[name]] if name in properties else []
+    if isinstance(patterns, dict):
+        schemas += [sub for pattern, sub in patterns.items() if is_pattern_match(pattern, name)]
+    if not schemas:
+        return schema.get("additionalProperties", True)
+    return schemas[0] if len(schemas) == 1 else {"allOf": schemas}
 
 
 def is_pattern_match(pattern: str, name: str) -> bool:

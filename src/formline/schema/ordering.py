@@ -12,7 +12,7 @@ from __future__ import annotations
 from typing import Any
 
 from formline.schema.merge import as_object, merge
-from formline.schema.objects import is_pattern_match
+from formline.schema.objects import member_schema
 
 MAX_DEPTH = 64
 
@@ -91,13 +91,9 @@ class _Orderer:
         ]
         keys = [key for key in declared if key in instance]
         keys += [key for key in instance if key not in keys]
-        patterns = schema.get("patternProperties", {})
-        patterns = patterns if isinstance(patterns, dict) else {}
         result = {}
         for key in keys:
-            result[key] = self.order(
-                member_schema(schema, key, patterns), instance[key], resolver, depth + 1
-            )
+            result[key] = self.order(member_schema(schema, key), instance[key], resolver, depth + 1)
         return result
 
     def order_array(
@@ -111,17 +107,3 @@ class _Orderer:
             self.order(prefix[index] if index < len(prefix) else items, item, resolver, depth + 1)
             for index, item in enumerate(instance)
         ]
-
-
-def member_schema(schema: dict[str, Any], key: str, patterns: dict[str, Any]) -> Any:
-    """The schema a member ``key`` is written under, as the compiler picks it: its declared
-    schema and every ``patternProperties`` schema whose pattern matches it, else
-    ``additionalProperties`` (a key under a pattern used to be ordered as an additional one,
-    so the objects below it kept their own key order)."""
-    properties = schema.get("properties", {})
-    matching = [sub for pattern, sub in patterns.items() if is_pattern_match(pattern, key)]
-    if key in properties:
-        matching.insert(0, properties[key])
-    if not matching:
-        return schema.get("additionalProperties", True)
-    return matching[0] if len(matching) == 1 else {"allOf": matching}
