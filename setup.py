@@ -13,6 +13,7 @@ KERNEL = Extension(
     sources=["src/formline/native/_kernel.pyx"],
     include_dirs=["src/formline/native"],
     depends=[
+        "src/formline/native/batch.hpp",
         "src/formline/native/dfa.hpp",
         "src/formline/native/kernel.hpp",
         "src/formline/native/hopcroft.hpp",

@@ -20,8 +20,8 @@ from formline.mask import (
     compile_grammar,
     storage,
 )
-from formline.mask.compiled import DEFER_TO_MATE, WAIT_FOR_MATE
 from formline.mask.reference import brute_force_allowed_ids
+from formline.native import fill_masks
 from formline.parser.pushdown import ParserLimitError
 
 VOCABULARY = synthetic_vocabulary()
@@ -196,21 +196,37 @@ def test_batch_rows_in_one_counted_string_equal_single_fills(smollm2_vocab) -> N
         np.testing.assert_array_equal(bitmask[row], expected[0], err_msg=f"prefix {length}")
 
 
-def test_a_scheduled_walk_without_a_mate_walks_at_once(smollm2_vocab) -> None:
+def test_one_batch_of_two_grammars_equals_single_fills(smollm2_vocab) -> None:
+    # Rows of two compiled grammars share the native queue; duplicate rows are filled once.
+    compiler = GrammarCompiler(smollm2_vocab, disk_cache=False)
+    first = compiler.compile_json_schema(SCHEMAS[0]).compiled_grammar
+    second = compiler.compile_grammar(Grammar.from_regex(r"[a-z]{2,8}(, [a-z]{2,8})*"))
+    prefixes = [(first, '{"name":"ab'), (second, "abc, d"), (first, '{"name":"ab'), (second, "")]
+    matchers = []
+    for compiled, text in prefixes:
+        matcher = GrammarMatcher(compiled)
+        assert matcher.accept_string(text)
+        matchers.append(matcher)
+    bitmask = allocate_token_bitmask(len(matchers), smollm2_vocab.size)
+    BatchGrammarMatcher(max_threads=2).batch_fill_next_token_bitmask(matchers, bitmask)
+    for row, (_, text) in enumerate(prefixes):
+        expected = brute_force_allowed_ids(matchers[row])
+        np.testing.assert_array_equal(
+            np.flatnonzero(np.unpackbits(bitmask[row].view(np.uint8), bitorder="little")),
+            expected,
+            err_msg=f"row {row} ({text!r})",
+        )
+
+
+def test_the_native_batch_checks_its_arguments(smollm2_vocab) -> None:
     compiled = GrammarCompiler(smollm2_vocab, disk_cache=False).compile_json_schema(SCHEMAS[0])
     grammar = compiled.compiled_grammar
-    matcher = compiled.matcher()
-    assert matcher.accept_string('{"name":"ab')
-    states = sorted(matcher.unwalked_states())
-    assert states
-    for mode in (DEFER_TO_MATE, WAIT_FOR_MATE):
-        for state in states:
-            assert grammar.walk_state_scheduled(state, mode)
-            assert grammar.kernel.is_walked(state)
-    with pytest.raises(ValueError, match="mode"):
-        grammar.kernel.walk_state(states[0], 3)
-    with pytest.raises(ValueError, match="outside"):
-        grammar.kernel.live_byte_count(-1)
+    stacks, can_end, _ = compiled.matcher().state_key()
+    with pytest.raises(ValueError, match="differ in length"):
+        fill_masks([grammar.kernel], [stacks], [can_end], [], 2)
+    short = np.empty(grammar.words - 1, dtype=np.uint32)
+    with pytest.raises(ValueError, match="words"):
+        fill_masks([grammar.kernel], [stacks], [can_end], [short], 2)
 
 
 def test_batch_fill_writes_a_cpu_torch_tensor_in_place(smollm2_vocab) -> None:
@@ -249,6 +265,11 @@ def test_an_ambiguous_walk_past_the_stack_limit_is_a_parser_error() -> None:
     compiled = compile_grammar(later, vocabulary, disk_cache=False, budget=CompileBudget(stacks=50))
     matcher = GrammarMatcher(compiled)
     assert matcher.accept_token(2)
+    bitmask = allocate_token_bitmask(2, vocabulary.size)
+    with pytest.raises(ParserLimitError, match="more than 50 stacks"):
+        BatchGrammarMatcher(max_threads=2).batch_fill_next_token_bitmask(
+            [GrammarMatcher(compiled), matcher], bitmask
+        )
     with pytest.raises(ParserLimitError, match="more than 50 stacks"):
         matcher.allowed_token_ids()
 

@@ -1,9 +1,9 @@
-"""Masks of a whole batch at once: new states walked on a thread pool without the GIL.
+"""Masks of a whole batch at once: new configurations filled on native threads.
 
 XGrammar's ``BatchGrammarMatcher`` and llguidance's parallel fill in one shape. Rows whose
-mask is cached are copied at once (natively, GIL released). For the others, the automaton
-states their masks still need are collected, each state once, and walked on the pool (the
-kernel's trie walks release the GIL); then those rows are filled from the walks.
+mask is cached are copied at once (natively, GIL released). The others' distinct
+configurations go to one native call (``native/batch.hpp``) that walks the states they need,
+each once and widest first, then fills them, on ``max_threads`` threads without the GIL.
 """
 
 from __future__ import annotations
@@ -11,21 +11,16 @@ from __future__ import annotations
 import os
 import sys
 import threading
-from collections import deque
 from collections.abc import Sequence
-from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import numpy as np
 
 from formline.mask.bitmask import words_for
-from formline.mask.compiled import DEFER_TO_MATE, WAIT_FOR_MATE, WALK_NOW
+from formline.mask.compiled import CompiledGrammar
 from formline.mask.matcher import GrammarMatcher
-from formline.native import copy_masks
-
-# Rows a thread must have to be worth a hand-off: a submit to the pool and its result cost
-# 82 µs on this 2-core machine (an empty task, timed over 2,000), six or seven rows' masks.
-MASKS_PER_THREAD = 8
+from formline.native import copy_masks, fill_masks
+from formline.parser.pushdown import Stack
 
 
 class BatchGrammarMatcher:
@@ -38,7 +33,6 @@ class BatchGrammarMatcher:
     def __init__(self, max_threads: int | None = None):
         available = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else None
         self.max_threads = max(1, max_threads or available or os.cpu_count() or 1)
-        self._pool = ThreadPoolExecutor(self.max_threads, thread_name_prefix="formline-mask")
 
     def batch_fill_next_token_bitmask(
         self,
@@ -70,8 +64,8 @@ class BatchGrammarMatcher:
             raise ValueError(
                 f"the bitmask's rows have {target.shape[1]} words; the vocabulary needs {needed}"
             )
-        # Cached rows are copied in one native call (a hand-off to a thread costs more than a
-        # 16 KiB copy); only the new states' walks go to the pool.
+        # Cached rows are copied in one native call (a copy per row cost 1.5 µs of buffer
+        # handling, more than the 16 KiB copy itself); the rest are filled natively first.
         found: list[np.ndarray] = []
         hits: list[int] = []
         misses: list[int] = []
@@ -84,54 +78,40 @@ class BatchGrammarMatcher:
                 hits.append(position)
         copy_masks(found, target, rows[hits])
         if misses:
-            missed = [matchers[k] for k in misses]
-            self._walk_new_states(missed)
-            copy_masks(self._compute_masks(missed), target, rows[misses])
+            computed = self._fill_new([matchers[k] for k in misses])
+            copy_masks(computed, target, rows[misses])
         if device_tensor is not None:
             torch = sys.modules["torch"]
             device_tensor.copy_(torch.from_numpy(target))
 
-    def _walk_new_states(self, matchers: Sequence[GrammarMatcher]) -> None:
-        """Spread the states the rows need walked over the threads, each state once (rows
-        in one state would otherwise wait for each other's walk in lockstep)."""
-        work: dict[int, tuple[Any, set[int]]] = {}
+    def _fill_new(self, matchers: Sequence[GrammarMatcher]) -> list[np.ndarray]:
+        """The masks of rows not cached, each distinct configuration filled once (64 rows of
+        the batch benchmark hold 30), then cached. Costs the new states' walks and one fill
+        per configuration, spread over the threads; under the GIL, about 2 µs a row."""
+        configurations: dict[tuple[int, frozenset[Stack], bool], np.ndarray] = {}
+        owners: list[CompiledGrammar] = []
+        per_row: list[np.ndarray] = []
         for matcher in matchers:
-            states = matcher.unwalked_states()
-            if states:
-                work.setdefault(id(matcher.compiled), (matcher.compiled, set()))[1].update(states)
-        tasks = [(compiled, state) for compiled, states in work.values() for state in states]
-        # Longest first: a walk costs about the trie nodes its first bytes open, so states
-        # that read many bytes (inside a string) go before those that read one (a key).
-        tasks.sort(key=lambda task: -task[0].live_byte_count(task[1]))
-        threads = min(self.max_threads, len(tasks))
-        if threads == 1:
-            for compiled, state in tasks:
-                compiled.walk_state_scheduled(state, WALK_NOW)
-            return
-        # One shared queue (a deque's popleft and append are atomic under the GIL): each
-        # thread takes the next state when it is done with one. Dealt out in fixed slices, the
-        # 1 to 3 ms walks of string states met on one thread and 2 threads gave 1.25x on 29
-        # states; taken together, two string states of one shape were both walked in full
-        # (0.7 ms each on Llama-3) where the second, after the first, reuses it (0.2-0.3 ms).
-        pending = deque(tasks)
-        futures = [self._pool.submit(_walk, pending) for _ in range(threads - 1)]
-        _walk(pending)  # this thread walks too
-        for future in futures:
-            future.result()
-
-    def _compute_masks(self, matchers: Sequence[GrammarMatcher]) -> list[np.ndarray]:
-        """The rows' masks once their states are walked: each an OR of walks plus escape
-        checks, about 12 µs a row on Llama-3 (kernel.fill releases the GIL), shared out over
-        the threads when there are enough rows to pay for the hand-off."""
-        threads = min(self.max_threads, len(matchers) // MASKS_PER_THREAD)
-        if threads <= 1:
-            return [matcher.next_token_mask_words() for matcher in matchers]
-        pending = deque(matchers)
-        futures = [self._pool.submit(_compute, pending) for _ in range(threads - 1)]
-        _compute(pending)
-        for future in futures:
-            future.result()
-        return [matcher.next_token_mask_words() for matcher in matchers]  # cached now
+            stacks, can_end, _ = matcher.state_key()
+            compiled = matcher.compiled
+            key = (id(compiled), stacks, can_end)
+            words = configurations.get(key)
+            if words is None:
+                words = configurations[key] = np.empty(compiled.words, dtype=np.uint32)
+                owners.append(compiled)
+            per_row.append(words)
+        keys = list(configurations)
+        status = fill_masks(
+            [compiled.kernel for compiled in owners],
+            [key[1] for key in keys],
+            [key[2] for key in keys],
+            list(configurations.values()),
+            self.max_threads,
+        )
+        owners[0].check_status(status)  # the stack limit: the one error a fill returns
+        for compiled, key in zip(owners, keys, strict=True):
+            compiled.remember_mask(key[1], key[2], configurations[key])
+        return per_row
 
     def batch_accept_token(
         self, matchers: Sequence[GrammarMatcher], token_ids: Sequence[int]
@@ -145,8 +125,7 @@ class BatchGrammarMatcher:
         ]
 
     def close(self) -> None:
-        """Stop the worker threads."""
-        self._pool.shutdown(wait=True)
+        """Nothing to release (the threads live for one fill); kept for XGrammar's shape."""
 
 
 _default: BatchGrammarMatcher | None = None
@@ -178,30 +157,3 @@ def _numpy_target(bitmask: Any) -> tuple[np.ndarray, Any]:
     if tensor.device.type == "cpu" and tensor.is_contiguous():
         return tensor.numpy(), None
     return np.ascontiguousarray(tensor.cpu().numpy()), tensor
-
-
-def _compute(pending: deque[GrammarMatcher]) -> None:
-    while True:
-        try:
-            matcher = pending.popleft()
-        except IndexError:
-            return
-        matcher.next_token_mask_words()
-
-
-def _walk(pending: deque[tuple[Any, int]]) -> None:
-    """Walk states from ``pending`` until it is empty. A state whose shape-mate is being
-    walked on another thread goes back to the end of the queue; once every state left has
-    been put back in a row, the thread waits for the mate instead of spinning."""
-    put_back = 0
-    while True:
-        try:
-            compiled, state = pending.popleft()
-        except IndexError:
-            return
-        mode = DEFER_TO_MATE if put_back <= len(pending) else WAIT_FOR_MATE
-        if compiled.walk_state_scheduled(state, mode):
-            put_back = 0
-        else:
-            pending.append((compiled, state))
-            put_back += 1

@@ -25,15 +25,13 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from formline.mask.bitmask import ids_to_bitmask, words_for
-from formline.native import DEFERRED, STACK_LIMIT_EXCEEDED, NativeMaskKernel, NativeTokenTable
+from formline.native import STACK_LIMIT_EXCEEDED, NativeMaskKernel, NativeTokenTable
 from formline.parser.pushdown import ParserLimitError, PushdownAutomaton, Stack
 from formline.vocab import Vocabulary
 
 # Per compiled grammar: masks of whole configurations, and the kernel's per-state walks.
 DEFAULT_MASK_CACHE_BYTES = 64 << 20  # 4,096 masks of Qwen2's 4,748 words
 DEFAULT_STATE_CACHE_BYTES = 256 << 20
-# walk_state_scheduled's modes (native/kernel.hpp's kWalkNow, kDeferToMate, kWaitForMate).
-WALK_NOW, DEFER_TO_MATE, WAIT_FOR_MATE = 0, 1, 2
 STEP_CACHE_ENTRIES = 1 << 16  # (configuration, token) steps kept per compiled grammar
 Step = tuple[frozenset[Stack], bool] | None
 _MISSING = object()
@@ -157,7 +155,7 @@ class CompiledGrammar:
         if data and token_id not in self._special:
             stepped = self.kernel.advance(stacks, data)
             if isinstance(stepped, int):
-                self._check(stepped)
+                self.check_status(stepped)
             else:
                 result = stepped
         if len(self._steps) >= STEP_CACHE_ENTRIES:
@@ -204,12 +202,17 @@ class CompiledGrammar:
         if cached is not None:
             return cached
         words = self.compute_mask(stacks, can_end)
+        self.remember_mask(stacks, can_end, words)
+        return words
+
+    def remember_mask(self, stacks: frozenset[Stack], can_end: bool, words: np.ndarray) -> None:
+        """Cache ``words`` (made read-only here) as the configuration's mask; the oldest entry
+        goes when the cache is over its bytes."""
         words.setflags(write=False)
         with self._lock:
             self._mask_cache[(stacks, can_end)] = words
             if len(self._mask_cache) > self._mask_cache_entries:
                 self._mask_cache.popitem(last=False)
-        return words
 
     def cached_mask(self, stacks: frozenset[Stack], can_end: bool) -> np.ndarray | None:
         """The configuration's mask if it is cached, else ``None`` (nothing is computed)."""
@@ -223,31 +226,15 @@ class CompiledGrammar:
     def compute_mask(self, stacks: frozenset[Stack], can_end: bool) -> np.ndarray:
         """The mask of a configuration, uncached (see :meth:`mask_words`)."""
         words = np.empty(self.words, dtype=np.uint32)
-        self._check(self.kernel.fill(stacks, can_end, words))
+        self.check_status(self.kernel.fill(stacks, can_end, words))
         return words
 
-    def live_byte_count(self, state: int) -> int:
-        """How many bytes ``state`` can read (a batch walks the widest states first)."""
-        return int(self.kernel.live_byte_count(state))
-
-    def unwalked_states(self, stacks: frozenset[Stack]) -> set[int]:
-        """The stack tops of a configuration whose trie walk has not run yet."""
-        return {stack[-1] for stack in stacks if not self.kernel.is_walked(stack[-1])}
-
-    def walk_state_scheduled(self, state: int, mode: int) -> bool:
-        """Walk ``state`` for a batch's thread, GIL released: ``mode`` :data:`WALK_NOW`,
-        :data:`DEFER_TO_MATE` (returns ``False``, nothing done, while a state of the same row
-        shape is walked on another thread: this walk will reuse that one's) or
-        :data:`WAIT_FOR_MATE`. Returns whether the state is walked.
+    def check_status(self, status: int) -> None:
+        """Raise for a kernel's error status (0 and positive statuses pass).
 
         Raises:
-            ParserLimitError: the walk needed more stacks than the automaton's limit.
+            ParserLimitError: ``status`` is the kernel's stack-limit answer.
         """
-        status = self.kernel.walk_state(state, mode)
-        self._check(status)
-        return status != DEFERRED
-
-    def _check(self, status: int) -> None:
         if status == STACK_LIMIT_EXCEEDED:
             raise ParserLimitError(
                 f"a token walk needs more than {self.automaton.stack_limit} stacks: "

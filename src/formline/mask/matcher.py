@@ -176,12 +176,6 @@ class GrammarMatcher:
                 self._mask = self.compiled.cached_mask(self._stacks, self._can_end)
         return self._mask
 
-    def unwalked_states(self) -> set[int]:
-        """Automaton states this step's mask needs walked first (empty once they are)."""
-        if self._terminated:
-            return set()
-        return self.compiled.unwalked_states(self._stacks)
-
     def fill_next_token_bitmask(self, bitmask: Any, index: int = 0) -> bool:
         """Write this step's allowed tokens into row ``index`` of an int32 bitmask.
 

@@ -11,7 +11,6 @@ kernel with.
 """
 
 from formline.native._kernel import (
-    DEFERRED,
     STACK_LIMIT_EXCEEDED,
     NativeMaskKernel,
     NativeTokenTable,
@@ -20,6 +19,7 @@ from formline.native._kernel import (
     copy_mask_row,
     copy_masks,
     determinize,
+    fill_masks,
     flatten_rules,
     refine_partition,
     rule_references,
@@ -27,7 +27,6 @@ from formline.native._kernel import (
 )
 
 __all__ = [
-    "DEFERRED",
     "STACK_LIMIT_EXCEEDED",
     "NativeMaskKernel",
     "NativeTokenTable",
@@ -36,6 +35,7 @@ __all__ = [
     "copy_mask_row",
     "copy_masks",
     "determinize",
+    "fill_masks",
     "flatten_rules",
     "refine_partition",
     "rule_references",

@@ -8,6 +8,7 @@ from cpython.bytes cimport PyBytes_FromStringAndSize
 from cpython.ref cimport Py_INCREF
 from cpython.tuple cimport PyTuple_New, PyTuple_SET_ITEM
 from libcpp cimport bool as cpp_bool
+from libcpp.utility cimport move
 from libcpp.vector cimport vector
 
 
@@ -38,8 +39,6 @@ cdef extern from "kernel.hpp" namespace "formline" nogil:
         int advance(const int32_t* flat, int32_t flat_length, const uint8_t* data,
                     int32_t length, Config& out)
         KernelStatistics statistics()
-        int walk_state_scheduled(int32_t state, int mode)
-        int32_t live_byte_count(int32_t state)
         cpp_bool is_walked(int32_t state)
 
     TokenTable* new_token_table(
@@ -52,6 +51,12 @@ cdef extern from "kernel.hpp" namespace "formline" nogil:
         const int32_t* call_return, const uint8_t* escapes_possible, const int32_t* eos_ids,
         int32_t eos_count, int32_t stack_limit, int64_t cache_limit_bytes
     ) except +
+
+
+cdef extern from "batch.hpp" namespace "formline" nogil:
+    cdef cppclass BatchFill:
+        void add(MaskKernel* kernel, vector[int32_t] flat, cpp_bool can_end, uint32_t* out)
+        int run(int threads) except +
 
 
 cdef extern from "dfa.hpp" namespace "formline" nogil:
@@ -118,7 +123,6 @@ cdef extern from "pushdown_build.hpp" namespace "formline" nogil:
 
 
 STACK_LIMIT_EXCEEDED = -1
-DEFERRED = 1  # NativeMaskKernel.walk_state: a shape-mate is being walked elsewhere
 
 
 cdef bytes _int32_bytes(vector[int32_t]& values):
@@ -589,27 +593,6 @@ cdef class NativeMaskKernel:
             result.append(stack)
         return frozenset(result), status == 1
 
-    def walk_state(self, int state, int mode):
-        """Walk one state for a batch's thread (GIL released). ``mode`` 0 walks now, 1
-        returns :data:`DEFERRED` when a state of its row shape is being walked elsewhere and
-        none is walked yet, 2 waits for that state first; returns 0, :data:`DEFERRED` or
-        :data:`STACK_LIMIT_EXCEEDED`."""
-        cdef int status
-        if not 0 <= state < self.size:
-            raise ValueError(f"state {state} is outside the automaton's {self.size} states")
-        if not 0 <= mode <= 2:
-            raise ValueError(f"mode must be 0, 1 or 2, got {mode}")
-        with nogil:
-            status = self.kernel.walk_state_scheduled(state, mode)
-        return status
-
-    def live_byte_count(self, int state):
-        """How many bytes ``state`` reads (numpy's nonzero on its row cost 9 µs a state,
-        a quarter of a 64-row batch's cold fill outside its walks)."""
-        if not 0 <= state < self.size:
-            raise ValueError(f"state {state} is outside the automaton's {self.size} states")
-        return self.kernel.live_byte_count(state)
-
     def is_walked(self, int state):
         """Whether ``state``'s walk is cached."""
         return self.kernel.is_walked(state)
@@ -658,6 +641,37 @@ def copy_mask_row(const uint32_t[::1] words, int32_t[:, ::1] bitmask, Py_ssize_t
             bitmask[index, word] = <int32_t>words[word]
         for word in range(width, bitmask.shape[1]):
             bitmask[index, word] = 0
+
+
+def fill_masks(list kernels, list configurations, list can_ends, list outputs, int threads):
+    """Write the mask of ``configurations[k]`` (a frozenset of state tuples) under
+    ``kernels[k]`` into ``outputs[k]`` (uint32 words) for every k, on ``threads`` native
+    threads with the GIL released throughout: the states they need walked first (widest
+    first, each once), then the fills (``batch.hpp``). Returns 0 or
+    :data:`STACK_LIMIT_EXCEEDED`.
+
+    Raises:
+        ValueError: the lists differ in length or an output is shorter than its mask.
+        MemoryError: a walk ran out of memory."""
+    cdef Py_ssize_t count = len(kernels), k
+    if not (len(configurations) == len(can_ends) == len(outputs) == count):
+        raise ValueError("kernels, configurations, can_ends and outputs differ in length")
+    cdef BatchFill job
+    cdef vector[int32_t] flat
+    cdef uint32_t[::1] out
+    cdef NativeMaskKernel kernel
+    cdef int status
+    for k in range(count):
+        kernel = kernels[k]
+        out = outputs[k]
+        if out.shape[0] < kernel.words:
+            raise ValueError(f"output {k} has {out.shape[0]} words, the mask needs {kernel.words}")
+        flat.clear()
+        _flatten_configuration(configurations[k], flat)
+        job.add(kernel.kernel, move(flat), <cpp_bool>can_ends[k], &out[0])
+    with nogil:
+        status = job.run(max(1, threads))
+    return status
 
 
 def copy_masks(list sources, int32_t[:, ::1] bitmask, const int64_t[::1] rows):

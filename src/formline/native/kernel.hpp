@@ -180,6 +180,19 @@ class MaskKernel {
         if (states_[state]) return states_[state];
         if (walking_.count(state) == 0) {
           if (mode == kWalkNow || !is_mate_walking(state, shape)) break;
+          // A mate of one row shape helps only if the two agree for kAlikeMinimum bytes: a
+          // JSON object's string fields share a shape and part after the closing quote (3
+          // bytes), and deferring to them put a 64-row batch's five 0.35 ms string walks on
+          // one thread (1.13x on two). The check, outside the lock, stops at the first
+          // difference: a few rows read.
+          const std::vector<int32_t> mates = walking_shapes_[shape];
+          guard.unlock();
+          const bool helps = is_alike_to_any(state, mates);
+          guard.lock();
+          if (!helps) {
+            mode = kWalkNow;
+            continue;
+          }
           if (mode == kDeferToMate) {
             status = kDeferred;
             return nullptr;
@@ -188,13 +201,17 @@ class MaskKernel {
         walked_.wait(guard);
       }
       walking_.insert(state);
-      if (shape != 0) ++walking_shapes_[shape];
+      if (shape != 0) walking_shapes_[shape].push_back(state);
     }
     auto result = walk_state(state, shape, status);
     {
       std::lock_guard<std::mutex> guard(mutex_);
       walking_.erase(state);
-      if (shape != 0 && --walking_shapes_[shape] == 0) walking_shapes_.erase(shape);
+      if (shape != 0) {
+        std::vector<int32_t>& mates = walking_shapes_[shape];
+        mates.erase(std::find(mates.begin(), mates.end(), state));
+        if (mates.empty()) walking_shapes_.erase(shape);
+      }
     }
     walked_.notify_all();
     return result;
@@ -214,6 +231,17 @@ class MaskKernel {
     for (int32_t known : found->second)
       if (states_[known] && escapes_possible_[known] == escapes_possible_[state]) return false;
     return true;
+  }
+
+  // Whether `state` agrees with one of `mates` (states of its row shape) for kAlikeMinimum
+  // bytes, so that its walk could reuse that mate's.
+  bool is_alike_to_any(int32_t state, const std::vector<int32_t>& mates) const {
+    for (int32_t mate : mates)
+      if (escapes_possible_[mate] == escapes_possible_[state] &&
+          equal_depth(automaton_.transitions, automaton_.special.data(), state, mate,
+                      kAlikeMinimum) >= kAlikeMinimum)
+        return true;
+    return false;
   }
 
   // `shape`: shape_of(state), 0 for a state that neither offers nor takes an alike walk.
@@ -505,7 +533,7 @@ class MaskKernel {
   std::mutex mutex_;
   std::condition_variable walked_;
   std::unordered_set<int32_t> walking_;
-  std::unordered_map<uint64_t, int32_t> walking_shapes_;  // row shape -> states being walked
+  std::unordered_map<uint64_t, std::vector<int32_t>> walking_shapes_;  // shape -> being walked
   std::vector<std::shared_ptr<const StateData>> states_;
   std::unordered_map<uint64_t, std::vector<int32_t>> shapes_;  // row shape -> walked states
   std::vector<const uint16_t*> closed_;  // by state: TokenTable::closed_below, or nullptr
