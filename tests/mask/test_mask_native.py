@@ -94,6 +94,31 @@ def test_schema_masks_equal_the_reference_on_smollm2(smollm2_vocab, schema_index
     assert checked >= 4
 
 
+def test_string_states_taking_their_piece_whole_equal_the_reference(smollm2_vocab) -> None:
+    # An unbounded string's content, escape and UTF-8 states are a closed piece: their walks
+    # take the tokens that never leave it from one per-vocabulary mask and walk only the
+    # rest. Two fields share the piece; the second compile reuses the first's masks.
+    schema = {
+        "type": "object",
+        "properties": {"a": {"type": "string"}, "b": {"type": "string"}},
+        "required": ["a", "b"],
+        "additionalProperties": False,
+    }
+    # In the content, after a backslash, inside a two-byte character, in the second field.
+    prefixes = [b'{"a":"', b'{"a":"x\\', b'{"a":"\xc3', b'{"a":"q","b":"', b'{"a":"q","b":"\\u00']
+    compiler = GrammarCompiler(smollm2_vocab, disk_cache=False)
+    for _ in range(2):
+        compiled = compiler.compile_json_schema(schema)
+        assert compiled.compiled_grammar.statistics.closed_states > 0
+        for prefix in prefixes:
+            matcher = compiled.matcher()
+            assert matcher.accept_string(prefix)
+            np.testing.assert_array_equal(
+                matcher.allowed_token_ids(), brute_force_allowed_ids(matcher), err_msg=str(prefix)
+            )
+        compiler.clear_cache()
+
+
 def test_two_threads_compiling_different_schemas_agree_with_one(smollm2_vocab) -> None:
     shared = GrammarCompiler(smollm2_vocab, disk_cache=False)
     results: dict[int, object] = {}

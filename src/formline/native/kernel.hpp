@@ -73,7 +73,8 @@ class MaskKernel {
         cache_limit_bytes_(cache_limit_bytes),
         states_(automaton_.size),
         closed_(automaton_.size, nullptr),
-        closed_bit_(automaton_.size, 0) {
+        closed_bit_(automaton_.size, 0),
+        closed_piece_(automaton_.size, nullptr) {
     find_closed_subtrees();
   }
 
@@ -257,6 +258,11 @@ class MaskKernel {
     WalkOptions options;
     options.below = closed_.data();
     options.bit = closed_bit_.data();
+    const ClosedPiece* piece = closed_piece_[state];
+    if (piece != nullptr) {
+      options.start_piece = piece->transitions.data();
+      options.start_bit = closed_bit_[state];
+    }
     const bool shaped = shape != 0;
     std::shared_ptr<const StateData> alike;
     const int32_t alike_to = shaped ? alike_depth(state, shape, alike) : 0;
@@ -281,6 +287,10 @@ class MaskKernel {
       status = alike ? walk<false, true>(automaton_, trie, start, inside.data(), nullptr, &options)
                      : walk<false>(automaton_, trie, start, inside.data(), nullptr, &options);
     if (status < 0) return nullptr;
+    if (piece != nullptr) {  // the tokens that never leave the piece: not walked, taken whole
+      const auto whole = table_->piece_inside(*piece, closed_bit_[state]);
+      for (int32_t word = 0; word < table_->words; ++word) inside[word] |= (*whole)[word];
+    }
     // An alike state as far as kShortEscape bytes has this state's short escapes already.
     const bool short_alike = alike != nullptr && alike_to >= kShortEscape;
     if (short_alike) data->escapes_short = alike->escapes_short;
@@ -455,8 +465,9 @@ class MaskKernel {
       if (below == nullptr) continue;
       for (size_t k = 0; k < members.size(); ++k) {
         if (closed_[members[k]] != nullptr) continue;
-        closed_[members[k]] = below->data();
+        closed_[members[k]] = below->below.data();
         closed_bit_[members[k]] = static_cast<uint8_t>(k);
+        closed_piece_[members[k]] = below.get();
         statistics_.closed_states += 1;
       }
       closed_owners_.push_back(std::move(below));
@@ -538,7 +549,8 @@ class MaskKernel {
   std::unordered_map<uint64_t, std::vector<int32_t>> shapes_;  // row shape -> walked states
   std::vector<const uint16_t*> closed_;  // by state: TokenTable::closed_below, or nullptr
   std::vector<uint8_t> closed_bit_;       // by state: its bit in closed_'s piece
-  std::vector<std::shared_ptr<const std::vector<uint16_t>>> closed_owners_;
+  std::vector<const ClosedPiece*> closed_piece_;  // by state: its piece, or nullptr
+  std::vector<std::shared_ptr<const ClosedPiece>> closed_owners_;
   std::unordered_map<std::vector<int32_t>, std::shared_ptr<const std::vector<int32_t>>, VectorHash>
       escape_cache_;
   std::unordered_map<uint64_t, std::vector<std::shared_ptr<const std::vector<uint32_t>>>>
