@@ -495,6 +495,22 @@ cdef void _flatten_configuration(object stacks, vector[int32_t]& flat):
             flat.push_back(<int32_t>states[index])
 
 
+cdef bint _is_same_configuration(Config& out, vector[int32_t]& flat):
+    """Whether ``out`` holds the stacks of ``flat`` ([length, states...]*) in the same order."""
+    cdef size_t cursor = 0, k, count = out.starts.size() - 1, length, position
+    if out.data.size() + count != flat.size():
+        return False
+    for k in range(count):
+        length = out.starts[k + 1] - out.starts[k]
+        if <size_t>flat[cursor] != length:
+            return False
+        for position in range(length):
+            if flat[cursor + 1 + position] != out.data[out.starts[k] + position]:
+                return False
+        cursor += length + 1
+    return True
+
+
 cdef class NativeMaskKernel:
     """Lazy per-state masks of one compiled grammar: a state's walk of the trie runs the first
     time a configuration reaches it, then is cached (bounded by ``cache_limit_bytes``)."""
@@ -583,6 +599,10 @@ cdef class NativeMaskKernel:
         if status < 0:
             return None
         count = out.starts.size() - 1
+        if _is_same_configuration(out, flat):
+            # Inside a string or a number most tokens leave the configuration as it was:
+            # the caller's frozenset is the answer, with no tuples built or hashed.
+            return stacks, status == 1
         result = []
         for k in range(count):
             stack = PyTuple_New(out.starts[k + 1] - out.starts[k])
