@@ -221,7 +221,7 @@ def test_batch_rows_in_one_counted_string_equal_single_fills(smollm2_vocab) -> N
         np.testing.assert_array_equal(bitmask[row], expected[0], err_msg=f"prefix {length}")
 
 
-def test_one_batch_of_two_grammars_equals_single_fills(smollm2_vocab) -> None:
+def test_one_batch_of_two_grammars_equals_the_reference(smollm2_vocab) -> None:
     # Rows of two compiled grammars share the native queue; duplicate rows are filled once.
     compiler = GrammarCompiler(smollm2_vocab, disk_cache=False)
     first = compiler.compile_json_schema(SCHEMAS[0]).compiled_grammar

@@ -112,13 +112,7 @@ class GrammarMatcher:
         result = self.compiled.advance(self._stacks, token_id)
         if result is None:
             return False
-        # _push, inlined: a method call is a tenth of a cold accept (about 1.6 µs).
-        history = self._history
-        history.append((self._stacks, self._can_end, False))
-        if self.max_rollback_tokens is not None and len(history) > self.max_rollback_tokens:
-            del history[0]
-        self._stacks, self._can_end = result
-        self._mask = None
+        self._push(result[0], result[1], False)
         return True
 
     def accept_tokens(self, token_ids: Sequence[int]) -> bool:

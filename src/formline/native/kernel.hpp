@@ -461,16 +461,16 @@ class MaskKernel {
       if (loops < kClosedMinimum) continue;
       std::vector<int32_t> members = component_of(state, index, piece);
       if (members.size() > static_cast<size_t>(TokenTable::kPieceStates)) continue;
-      auto below = table_->closed_below(piece);
-      if (below == nullptr) continue;
+      auto closed = table_->closed_below(piece);
+      if (closed == nullptr) continue;
       for (size_t k = 0; k < members.size(); ++k) {
         if (closed_[members[k]] != nullptr) continue;
-        closed_[members[k]] = below->below.data();
+        closed_[members[k]] = closed->below.data();
         closed_bit_[members[k]] = static_cast<uint8_t>(k);
-        closed_piece_[members[k]] = below.get();
+        closed_piece_[members[k]] = closed.get();
         statistics_.closed_states += 1;
       }
-      closed_owners_.push_back(std::move(below));
+      closed_owners_.push_back(std::move(closed));
     }
   }
 
@@ -547,7 +547,8 @@ class MaskKernel {
   std::unordered_map<uint64_t, std::vector<int32_t>> walking_shapes_;  // shape -> being walked
   std::vector<std::shared_ptr<const StateData>> states_;
   std::unordered_map<uint64_t, std::vector<int32_t>> shapes_;  // row shape -> walked states
-  std::vector<const uint16_t*> closed_;  // by state: TokenTable::closed_below, or nullptr
+  // by state: closed_piece_[state]->below.data(), or nullptr (one load per trie node in walk)
+  std::vector<const uint16_t*> closed_;
   std::vector<uint8_t> closed_bit_;       // by state: its bit in closed_'s piece
   std::vector<const ClosedPiece*> closed_piece_;  // by state: its piece, or nullptr
   std::vector<std::shared_ptr<const ClosedPiece>> closed_owners_;

@@ -169,8 +169,8 @@ int walk(const Automaton& automaton, const Trie& trie, const Config& start, uint
   configs[0].starts = start.starts;
   if (start.count() == 1) simple[0] = start.data.back();
   // The start piece's position while every byte so far stayed in it, else -1. A JSON string
-  // state's walk on Llama-3 set 120k tokens' bits one by one from closed subtrees (most of its
-  // 0.3 ms); they are one shared mask now.
+  // state's walk on Llama-3 set the bits of the tokens below its closed subtrees one by one;
+  // taken as one shared mask, its first mask went from about 300 to 95 µs.
   std::vector<int8_t> in_piece(static_cast<size_t>(size), -1);
   const int8_t* const start_piece = closed != nullptr ? closed->start_piece : nullptr;
   if (start_piece != nullptr && start.count() == 1) in_piece[0] = static_cast<int8_t>(closed->start_bit);
