@@ -119,6 +119,46 @@ def test_string_states_taking_their_piece_whole_equal_the_reference(smollm2_voca
         compiler.clear_cache()
 
 
+def test_counted_string_first_positions_take_a_bounded_piece_and_equal_the_reference(
+    smollm2_vocab,
+) -> None:
+    # A counted string's first position is in no loop, yet reads as the unbounded string's
+    # content for up to maxLength bytes: its walk takes the piece's mask for the tokens that
+    # short (the piece comes from another grammar on the same vocabulary) and walks the rest.
+    compiler = GrammarCompiler(smollm2_vocab, disk_cache=False)
+    compiler.compile_json_schema({"type": "string"})  # the string piece, on the token table
+    schema = {
+        "type": "object",
+        "properties": {
+            "a": {"type": "string", "maxLength": 10},
+            "b": {"type": "string", "maxLength": 40},
+            "c": {"type": "string", "minLength": 1},
+        },
+        "required": ["a", "b", "c"],
+        "additionalProperties": False,
+    }
+    prefixes = [b'{"a":"', b'{"a":"x","b":"', b'{"a":"x","b":"y","c":"', b'{"a":"xy']
+    compiled = compiler.compile_json_schema(schema)
+    allowed_after: dict[bytes, set[int]] = {}
+    for prefix in prefixes:
+        matcher = compiled.matcher()
+        assert matcher.accept_string(prefix)
+        allowed = matcher.allowed_token_ids()
+        expected = brute_force_allowed_ids(matcher)
+        np.testing.assert_array_equal(allowed, expected, err_msg=str(prefix))
+        allowed_after[prefix] = set(allowed.tolist())
+    assert compiled.compiled_grammar.statistics.bounded_walks >= 3
+    allowed_at_start = allowed_after[b'{"a":"']
+    # The bound matters: plain words of 11 bytes or more do not fit maxLength 10.
+    words = [
+        token_id
+        for token_id, data in enumerate(smollm2_vocab.token_bytes)
+        if data.isalpha() and data.isascii()
+    ]
+    assert any(len(smollm2_vocab.token_bytes[t]) > 10 for t in words)
+    assert all((t in allowed_at_start) == (len(smollm2_vocab.token_bytes[t]) <= 10) for t in words)
+
+
 def test_two_threads_compiling_different_schemas_agree_with_one(smollm2_vocab) -> None:
     shared = GrammarCompiler(smollm2_vocab, disk_cache=False)
     results: dict[int, object] = {}

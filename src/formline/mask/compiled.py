@@ -74,6 +74,7 @@ class CompileStatistics:
     states_walked: int = 0
     closed_states: int = 0  # states whose walks take whole subtrees of the trie at once
     alike_walks: int = 0  # walks that took their short tokens from an alike state
+    bounded_walks: int = 0  # walks that took their short tokens from a bounded piece
     from_cache: str = "none"  # "none", "memory" or "disk"
 
 
@@ -177,6 +178,7 @@ class CompiledGrammar:
         stats.states_walked = walked["states_walked"]
         stats.closed_states = walked["closed_states"]
         stats.alike_walks = walked["alike_walks"]
+        stats.bounded_walks = walked["bounded_walks"]
         return stats
 
     def memory_bytes(self) -> int:

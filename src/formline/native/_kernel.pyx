@@ -29,10 +29,18 @@ cdef extern from "kernel.hpp" namespace "formline" nogil:
         int64_t memory_bytes
         int64_t closed_states
         int64_t alike_walks
+        int64_t bounded_walks
 
     cdef cppclass Config:
         vector[int32_t] data
         vector[int32_t] starts
+
+    cdef cppclass StepBuffers:
+        vector[int32_t] flat
+        Config out
+        cpp_bool busy
+
+    StepBuffers& step_buffers()
 
     cdef cppclass MaskKernel:
         int fill(const int32_t* flat, int32_t flat_length, cpp_bool can_end, uint32_t* out)
@@ -579,27 +587,41 @@ cdef class NativeMaskKernel:
         of state tuples): ``(stacks, can_end)``, ``None`` if refused, or
         :data:`STACK_LIMIT_EXCEEDED`. The GIL is released for the step itself when it is
         long (token bytes x configuration size over 512)."""
-        cdef vector[int32_t] flat
-        cdef Config out
+        cdef StepBuffers* buffers = &step_buffers()
+        cdef StepBuffers* fresh = NULL
+        if buffers.busy:
+            fresh = new StepBuffers()
+            buffers = fresh
+        buffers.busy = True
+        try:
+            return self._advance(stacks, data, buffers)
+        finally:
+            buffers.busy = False
+            del fresh
+
+    cdef object _advance(self, stacks, bytes data, StepBuffers* buffers):
         cdef int status
         cdef int32_t count, k, position
         cdef object value  # typed: an inferred C int would be a temporary at SET_ITEM
         cdef const uint8_t* pointer = <const uint8_t*>data
         cdef int32_t length = len(data)
-        _flatten_configuration(stacks, flat)
+        cdef vector[int32_t]* flat = &buffers.flat
+        cdef Config* out = &buffers.out
+        flat.clear()
+        _flatten_configuration(stacks, flat[0])
         if length * flat.size() <= 512:
             # A token of a few bytes on a few stacks is well under a microsecond: releasing
             # and taking back the GIL costs part of it (a cold accept 1.11 -> 1.05 µs).
-            status = self.kernel.advance(flat.data(), flat.size(), pointer, length, out)
+            status = self.kernel.advance(flat.data(), flat.size(), pointer, length, out[0])
         else:
             with nogil:
-                status = self.kernel.advance(flat.data(), flat.size(), pointer, length, out)
+                status = self.kernel.advance(flat.data(), flat.size(), pointer, length, out[0])
         if status == STACK_LIMIT_EXCEEDED:
             return status
         if status < 0:
             return None
         count = out.starts.size() - 1
-        if _is_same_configuration(out, flat):
+        if _is_same_configuration(out[0], flat[0]):
             # Inside a string or a number most tokens leave the configuration as it was:
             # the caller's frozenset is the answer, with no tuples built or hashed.
             return stacks, status == 1
@@ -622,7 +644,7 @@ cdef class NativeMaskKernel:
         checks, the bytes the caches hold, and the states whose walks take closed subtrees
         of the vocabulary's trie whole (a string's content and its UTF-8 states), and the
         walks that took their short tokens from an alike state (a counted string's
-        positions)."""
+        positions) or from a bounded piece (a counted string's first position)."""
         cdef KernelStatistics stats = self.kernel.statistics()
         return {
             "states_walked": stats.states_walked,
@@ -632,6 +654,7 @@ cdef class NativeMaskKernel:
             "memory_bytes": stats.memory_bytes,
             "closed_states": stats.closed_states,
             "alike_walks": stats.alike_walks,
+            "bounded_walks": stats.bounded_walks,
         }
 
 

@@ -9,6 +9,7 @@
 // longer ones (1,566 of Llama-3's 128,256 tokens are over 16 bytes).
 #pragma once
 
+#include <climits>
 #include <cstdint>
 #include <unordered_set>
 #include <utility>
@@ -16,40 +17,85 @@
 
 namespace formline {
 
-// The largest d <= limit such that every string of at most d bytes read from `a` and from `b`
-// ends the same way: both dead, both on one state (the same from there on), or both on
-// plain states (neither accepting nor calling). Then a walk from either sets the same tokens
-// of at most d bytes and records the same escapes for them. Breadth first over pairs of
-// states, each pair once (met again deeper, it has less left to show); past kMostPairs the
-// search stops at that depth (a smaller d, never a wrong one). Costs 256 table reads per
-// pair: a counted string's positions pair up with their UTF-8 and escape states, so the
-// kernel's limit of 16 bytes took 54-91 µs a search on Llama-3 (of a 0.3 ms alike walk).
-inline int32_t equal_depth(const int32_t* transitions, const uint8_t* special, int32_t a,
-                           int32_t b, int32_t limit) {
-  constexpr size_t kMostPairs = 2048;
-  std::vector<std::pair<int32_t, int32_t>> level{{a, b}}, next;
-  std::unordered_set<uint64_t> seen{(static_cast<uint64_t>(a) << 32) | static_cast<uint32_t>(b)};
+// Breadth first over pairs of states from `start`, each pair once (met again deeper, it has
+// less left to show). `expand(pair, add)` calls add(first, second) for each pair one byte on
+// and returns false where the two differ. The answer: the largest d <= limit such that no
+// pair within d - 1 bytes differs; `exhausted` once no new pair is left; past `most_pairs`
+// the search stops at that depth (a smaller d, never a wrong one).
+template <typename Expand>
+int32_t pair_depth(std::pair<int32_t, int32_t> start, int32_t limit, size_t most_pairs,
+                   int32_t exhausted, Expand expand) {
+  std::vector<std::pair<int32_t, int32_t>> level{start}, next;
+  const auto key_of = [](int32_t first, int32_t second) {
+    return (static_cast<uint64_t>(first) << 32) | static_cast<uint32_t>(second);
+  };
+  std::unordered_set<uint64_t> seen{key_of(start.first, start.second)};
+  uint64_t last = ~uint64_t{0};
+  const auto add = [&](int32_t first, int32_t second) {
+    const uint64_t key = key_of(first, second);
+    if (key == last) return;  // a byte range to one pair (93 content bytes): one lookup
+    last = key;
+    if (seen.insert(key).second) next.emplace_back(first, second);
+  };
   for (int32_t depth = 1; depth <= limit; ++depth) {
     next.clear();
     for (const auto& pair : level) {
-      const int32_t* row_a = transitions + static_cast<int64_t>(pair.first) * 256;
-      const int32_t* row_b = transitions + static_cast<int64_t>(pair.second) * 256;
-      uint64_t last = ~uint64_t{0};
-      for (int byte = 0; byte < 256; ++byte) {
-        const int32_t to_a = row_a[byte], to_b = row_b[byte];
-        if (to_a == to_b) continue;  // both dead, or one state: alike from here
-        if (to_a < 0 || to_b < 0 || special[to_a] || special[to_b]) return depth - 1;
-        const uint64_t key = (static_cast<uint64_t>(to_a) << 32) | static_cast<uint32_t>(to_b);
-        if (key == last) continue;  // a byte range to one pair (93 content bytes): one lookup
-        last = key;
-        if (seen.insert(key).second) next.emplace_back(to_a, to_b);
-      }
+      last = ~uint64_t{0};
+      if (!expand(pair, add)) return depth - 1;
     }
-    if (next.empty()) return limit;
-    if (seen.size() > kMostPairs) return depth;
+    if (next.empty()) return exhausted;
+    if (seen.size() > most_pairs) return depth;
     level.swap(next);
   }
   return limit;
+}
+
+// The largest d <= limit such that every string of at most d bytes read from `a` and from `b`
+// ends the same way: both dead, both on one state (the same from there on), or both on
+// plain states (neither accepting nor calling). Then a walk from either sets the same tokens
+// of at most d bytes and records the same escapes for them. Costs 256 table reads per pair
+// (at most 2,048 pairs): a counted string's positions pair up with their UTF-8 and escape
+// states, so the kernel's limit of 16 bytes took 54-91 µs a search on Llama-3 (of a 0.3 ms
+// alike walk).
+inline int32_t equal_depth(const int32_t* transitions, const uint8_t* special, int32_t a,
+                           int32_t b, int32_t limit) {
+  const auto expand = [&](std::pair<int32_t, int32_t> pair, const auto& add) {
+    const int32_t* row_a = transitions + static_cast<int64_t>(pair.first) * 256;
+    const int32_t* row_b = transitions + static_cast<int64_t>(pair.second) * 256;
+    for (int byte = 0; byte < 256; ++byte) {
+      const int32_t to_a = row_a[byte], to_b = row_b[byte];
+      if (to_a == to_b) continue;  // both dead, or one state: alike from here
+      if (to_a < 0 || to_b < 0 || special[to_a] || special[to_b]) return false;
+      add(to_a, to_b);
+    }
+    return true;
+  };
+  return pair_depth({a, b}, limit, 2048, limit, expand);
+}
+
+// How far `state` reads what a closed piece reads from its state `position`: the largest
+// d <= limit such that every string of at most d bytes that stays in the piece from
+// `position` takes `state` through plain states (neither dead, accepting nor calling);
+// INT32_MAX when no string of any length tells them apart (the state leads into the piece's
+// own loop). A string's first position under maxLength 100 reads every string of its
+// content up to 100 bytes that way, though it is not in a loop (its next position is
+// another state): its walk then takes the piece's mask for the tokens that short and visits
+// only the rest. Costs 256 reads per pair (435 pairs for 32 bytes of maxLength 100).
+inline int32_t piece_depth(const int32_t* transitions, const uint8_t* special,
+                           const int8_t* piece, int32_t state, int32_t position, int32_t limit,
+                           size_t most_pairs) {
+  const auto expand = [&](std::pair<int32_t, int32_t> pair, const auto& add) {
+    const int32_t* row = transitions + static_cast<int64_t>(pair.first) * 256;
+    const int8_t* inside = piece + pair.second * 256;
+    for (int byte = 0; byte < 256; ++byte) {
+      if (inside[byte] < 0) continue;  // leaves the piece: not the piece's to answer
+      const int32_t to = row[byte];
+      if (to < 0 || special[to]) return false;
+      add(to, inside[byte]);
+    }
+    return true;
+  };
+  return pair_depth({state, position}, limit, most_pairs, INT32_MAX, expand);
 }
 
 // A state's row shape: which bytes are dead, which go to which special state, which to some

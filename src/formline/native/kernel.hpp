@@ -14,6 +14,7 @@
 #pragma once
 
 #include <algorithm>
+#include <climits>
 #include <condition_variable>
 #include <cstdint>
 #include <memory>
@@ -54,7 +55,25 @@ struct KernelStatistics {
   int64_t memory_bytes = 0;
   int64_t closed_states = 0;  // states whose walks take closed subtrees whole
   int64_t alike_walks = 0;    // walks that took their short tokens from an alike state
+  int64_t bounded_walks = 0;  // walks that took their short tokens from a bounded piece
 };
+
+// MaskKernel::advance's working sets, one per thread.
+struct StepScratch {
+  Config current, raw;
+  ClosureScratch closure;
+};
+
+// The Python binding's side of a step (the configuration it flattens, the answer it reads
+// back), one per thread and reused; `busy` while a step reads them, so a step re-entered on
+// the same thread (a finaliser run by the garbage collector mid-step) takes fresh ones.
+struct StepBuffers {
+  std::vector<int32_t> flat;
+  Config out;
+  bool busy = false;
+};
+
+inline StepBuffers& step_buffers() { return thread_scratch<StepBuffers>(); }
 
 // How a batch's thread walks a state whose shape-mate is being walked elsewhere.
 constexpr int kWalkNow = 0;
@@ -112,12 +131,16 @@ class MaskKernel {
   // the closed configuration goes to `out`. No state is cached: it runs on the caller's data.
   int advance(const int32_t* flat, int32_t flat_length, const uint8_t* data, int32_t length,
               Config& out) const {
-    Config current, raw;
+    // Per thread and reused: a cold step allocates nothing once its buffers have grown.
+    StepScratch& buffers = thread_scratch<StepScratch>();
+    Config& current = buffers.current;
+    Config& raw = buffers.raw;
+    ClosureScratch& scratch = buffers.closure;
+    current.clear();
     for (int32_t cursor = 0; cursor < flat_length;) {
       current.push(flat + cursor + 1, flat[cursor]);
       cursor += flat[cursor] + 1;
     }
-    ClosureScratch scratch;
     int flags = 0;
     for (int32_t k = 0; k < length; ++k) {
       const bool special = step(automaton_, current, data[k], raw);
@@ -258,16 +281,24 @@ class MaskKernel {
     WalkOptions options;
     options.below = closed_.data();
     options.bit = closed_bit_.data();
+    options.longest_below = table_->longest_below.data();
+    std::shared_ptr<const ClosedPiece> piece_owner;
     const ClosedPiece* piece = closed_piece_[state];
-    if (piece != nullptr) {
-      options.start_piece = piece->transitions.data();
-      options.start_bit = closed_bit_[state];
-    }
+    int32_t position = piece != nullptr ? closed_bit_[state] : -1;
     const bool shaped = shape != 0;
     std::shared_ptr<const StateData> alike;
     const int32_t alike_to = shaped ? alike_depth(state, shape, alike) : 0;
     if (alike != nullptr && alike_to >= table_->trie.max_depth)
       return remember(state, shape, alike, true);  // alike for every token
+    if (piece == nullptr && alike == nullptr) {
+      piece_owner = bounded_piece(state, position, options.piece_bound);
+      piece = piece_owner.get();
+    }
+    if (piece != nullptr) {
+      options.start_piece = piece->transitions.data();
+      options.start_bit = position;
+      options.start_below = piece->below.data();
+    }
     if (alike != nullptr) {
       // Tokens of at most alike_to bytes do what they do from the alike state; walk the rest.
       auto shorter = table_->short_tokens(alike_to);
@@ -277,7 +308,6 @@ class MaskKernel {
       for (const auto& entry : alike->escape_list)
         if (table_->lengths[entry.first] <= alike_to) escapes.push_back(entry);
       options.longer_than = alike_to;
-      options.longest_below = table_->longest_below.data();
     }
     const Trie& trie = table_->trie;
     if (escapes_possible_[state])
@@ -288,8 +318,14 @@ class MaskKernel {
                      : walk<false>(automaton_, trie, start, inside.data(), nullptr, &options);
     if (status < 0) return nullptr;
     if (piece != nullptr) {  // the tokens that never leave the piece: not walked, taken whole
-      const auto whole = table_->piece_inside(*piece, closed_bit_[state]);
-      for (int32_t word = 0; word < table_->words; ++word) inside[word] |= (*whole)[word];
+      const auto whole = table_->piece_inside(*piece, position);
+      if (options.piece_bound >= table_->trie.max_depth) {
+        for (int32_t word = 0; word < table_->words; ++word) inside[word] |= (*whole)[word];
+      } else {
+        const auto shorter = table_->short_tokens(options.piece_bound);
+        for (int32_t word = 0; word < table_->words; ++word)
+          inside[word] |= (*whole)[word] & (*shorter)[word];
+      }
     }
     // An alike state as far as kShortEscape bytes has this state's short escapes already.
     const bool short_alike = alike != nullptr && alike_to >= kShortEscape;
@@ -302,6 +338,7 @@ class MaskKernel {
     data->inside = intern(std::move(inside));
     statistics_.escape_entries += static_cast<int64_t>(data->escape_entries());
     statistics_.alike_walks += alike != nullptr;
+    statistics_.bounded_walks += piece_owner != nullptr;
     return remember_locked(state, shape, data, shaped);
   }
 
@@ -360,6 +397,65 @@ class MaskKernel {
     }
     if (best < kAlikeMinimum) alike = nullptr;
     return alike ? best : 0;
+  }
+
+  // Below this many bytes a bounded piece saves little of a walk (27,433 of Llama-3's tokens
+  // are over 8 bytes); past kBoundedPairs pairs its search stops (a smaller bound).
+  static constexpr int32_t kBoundedMinimum = 8;
+  static constexpr size_t kBoundedPairs = 4096;
+  static constexpr int32_t kBoundedEnough = 32;
+
+  // For a state in no piece that reads as a piece's state for a while (a counted string's
+  // first position, before its length or its end tells them apart): the piece, the state's
+  // `position` in it and how many bytes they agree (`bound`, past the trie's depth: always);
+  // nullptr if none does for kBoundedMinimum bytes. The pieces asked are this grammar's and
+  // those the vocabulary's table holds for other grammars. A counted string's first mask was
+  // a walk of every trie node (2.5 ms on Llama-3, the first position of every maxLength
+  // string); a state with fewer than kClosedMinimum plain bytes is not asked (256 reads).
+  std::shared_ptr<const ClosedPiece> bounded_piece(int32_t state, int32_t& position,
+                                                   int32_t& bound) const {
+    const int32_t* row = automaton_.transitions + static_cast<int64_t>(state) * 256;
+    const uint8_t* special = automaton_.special.data();
+    int live = 0;
+    for (int byte = 0; byte < 256; ++byte) live += row[byte] >= 0 && !special[row[byte]];
+    if (live < kClosedMinimum) return nullptr;
+    // One level first: most pieces' states differ at once. Of those that read no byte the
+    // state refuses, the piece state reading the most bytes is asked how far (a piece of a
+    // narrower class would leave most tokens to the walk); a second only if it falls short.
+    // Asking every candidate cost 3-8 ms on MaskBench, where the table held 16 pieces.
+    struct Candidate {
+      int coverage;
+      int32_t q;
+      const std::shared_ptr<const ClosedPiece>* piece;
+    };
+    const auto pieces = table_->closed_pieces();
+    std::vector<Candidate> candidates;
+    for (const auto& piece : pieces) {
+      const int32_t count = static_cast<int32_t>(piece->transitions.size() / 256);
+      for (int32_t q = 0; q < count; ++q) {
+        const int8_t* inside = piece->transitions.data() + q * 256;
+        int coverage = 0;
+        for (int byte = 0; byte < 256 && coverage >= 0; ++byte) {
+          if (inside[byte] < 0) continue;
+          coverage = row[byte] >= 0 && !special[row[byte]] ? coverage + 1 : -1;
+        }
+        if (coverage >= kClosedMinimum) candidates.push_back(Candidate{coverage, q, &piece});
+      }
+    }
+    std::stable_sort(candidates.begin(), candidates.end(),
+                     [](const Candidate& a, const Candidate& b) { return a.coverage > b.coverage; });
+    std::shared_ptr<const ClosedPiece> best;
+    int32_t best_depth = kBoundedMinimum - 1;
+    const int32_t limit = std::min(table_->trie.max_depth, kBoundedEnough);
+    for (size_t k = 0; k < candidates.size() && k < 2 && best == nullptr; ++k) {
+      const auto& piece = *candidates[k].piece;
+      const int32_t depth = piece_depth(automaton_.transitions, special, piece->transitions.data(),
+                                        state, candidates[k].q, limit, kBoundedPairs);
+      if (depth > best_depth) best = piece, best_depth = depth, position = candidates[k].q;
+    }
+    if (best == nullptr) return nullptr;
+    bound = best_depth;
+    return best;
   }
 
   // Escape entries of tokens read whole anyway are dropped; the rest become two tries of

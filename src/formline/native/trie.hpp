@@ -172,6 +172,14 @@ struct TokenTable {
     return closed_cache.emplace(piece, std::move(result)).first->second;
   }
 
+  // The pieces made so far (other grammars' on this vocabulary among them).
+  std::vector<std::shared_ptr<const ClosedPiece>> closed_pieces() const {
+    std::lock_guard<std::mutex> guard(closed_mutex);
+    std::vector<std::shared_ptr<const ClosedPiece>> pieces;
+    for (const auto& entry : closed_cache) pieces.push_back(entry.second);
+    return pieces;
+  }
+
   // The tokens read whole from the piece's state `q` without leaving the piece, as mask
   // words. Costs one pruned pass over the trie, once per piece state and vocabulary (a JSON
   // string field's first mask on Llama-3 was 395 µs in a fresh process, 120-170 µs with the

@@ -6,8 +6,9 @@
 // a configuration, pruned at the first dead byte (kernel.hpp caches it per state).
 #pragma once
 
+#include <algorithm>
+#include <climits>
 #include <cstdint>
-#include <unordered_set>
 #include <utility>
 #include <vector>
 
@@ -66,9 +67,77 @@ struct Automaton {
   int32_t next(int32_t state, uint8_t byte) const { return transitions[state * 256 + byte]; }
 };
 
+// A per-thread object, reached through one call: in this dlopen'ed module every use of a
+// thread_local is a __tls_get_addr call, and GCC repeated it inside loops (about 50 calls a
+// cold accept_token step, 11% of its instructions). The reference it returns is a plain one.
+template <typename T>
+__attribute__((noinline)) T& thread_scratch() {
+  static thread_local T value;
+  return value;
+}
+
+// The closure's scratch, reused from call to call: the stacks still to expand (a LIFO) and
+// the stacks met, both flat, with an open-addressing index into the met ones that a new call
+// empties by bumping `stamp`. It was a hash set of vectors, a vector and a node allocated per
+// stack met; with the step's own buffers reused too, a cold accept_token step went from 7,740
+// to 4,220 instructions (callgrind, the steps of 20 MaskBench schemas on SmolLM2), malloc
+// and free a third of them before.
 struct ClosureScratch {
-  std::unordered_set<std::vector<int32_t>, VectorHash> seen;
-  std::vector<std::vector<int32_t>> pending;
+  Config pending;
+  std::vector<int32_t> stack;  // the stack being expanded (pending's tail is overwritten)
+  Config seen;
+  std::vector<uint32_t> slot_stamp;
+  std::vector<int32_t> slot_index;
+  uint32_t stamp = 0;
+
+  void clear() {
+    pending.clear();
+    seen.clear();
+    if (++stamp == 0) {  // wrapped: stamps of 2^32 calls ago would read as current
+      std::fill(slot_stamp.begin(), slot_stamp.end(), 0u);
+      stamp = 1;
+    }
+  }
+
+  // Adds `values` to the stacks met; false if it was met before. Amortised O(length).
+  bool insert(const int32_t* values, int32_t length) {
+    if (static_cast<size_t>(seen.count() + 1) * 2 > slot_stamp.size()) grow();
+    const size_t mask = slot_stamp.size() - 1;
+    for (size_t slot = hash_of(values, length) & mask;; slot = (slot + 1) & mask) {
+      if (slot_stamp[slot] != stamp) {
+        slot_stamp[slot] = stamp;
+        slot_index[slot] = seen.count();
+        seen.push(values, length);
+        return true;
+      }
+      const int32_t k = slot_index[slot];
+      if (seen.length(k) == length && std::equal(values, values + length, seen.stack(k)))
+        return false;
+    }
+  }
+
+ private:
+  static size_t hash_of(const int32_t* values, int32_t length) {
+    uint64_t hash = 1469598103934665603ull;
+    for (int32_t k = 0; k < length; ++k) {
+      hash ^= static_cast<uint32_t>(values[k]);
+      hash *= 1099511628211ull;
+    }
+    return static_cast<size_t>(hash ^ (hash >> 29));
+  }
+
+  void grow() {
+    const size_t capacity = std::max<size_t>(64, slot_stamp.size() * 2);
+    slot_stamp.assign(capacity, 0u);
+    slot_index.assign(capacity, 0);
+    stamp = 1;
+    for (int32_t k = 0; k < seen.count(); ++k) {
+      size_t slot = hash_of(seen.stack(k), seen.length(k)) & (capacity - 1);
+      while (slot_stamp[slot] == stamp) slot = (slot + 1) & (capacity - 1);
+      slot_stamp[slot] = stamp;
+      slot_index[slot] = k;
+    }
+  }
 };
 
 // Expands calls and returns (Python: PushdownAutomaton.closure). Returns the flags
@@ -77,26 +146,27 @@ struct ClosureScratch {
 inline int closure(const Automaton& automaton, const Config& raw, Config& out,
                    ClosureScratch& scratch) {
   out.clear();
-  scratch.seen.clear();
-  scratch.pending.clear();
-  for (int32_t k = 0; k < raw.count(); ++k)
-    scratch.pending.emplace_back(raw.stack(k), raw.stack(k) + raw.length(k));
+  scratch.clear();
+  Config& pending = scratch.pending;
+  std::vector<int32_t>& stack = scratch.stack;
+  for (int32_t k = 0; k < raw.count(); ++k) pending.push(raw.stack(k), raw.length(k));
   int flags = 0;
-  while (!scratch.pending.empty()) {
-    std::vector<int32_t> stack = std::move(scratch.pending.back());
-    scratch.pending.pop_back();
-    auto inserted = scratch.seen.insert(stack);
-    if (!inserted.second) continue;
-    const int32_t top = stack.back();
+  while (!pending.empty()) {
+    const int32_t last = pending.count() - 1;
+    stack.assign(pending.stack(last), pending.stack(last) + pending.length(last));
+    pending.data.resize(pending.starts[last]);
+    pending.starts.pop_back();
     const int32_t length = static_cast<int32_t>(stack.size());
+    if (!scratch.insert(stack.data(), length)) continue;
+    const int32_t top = stack.back();
     if (automaton.has_bytes[top]) out.push(stack.data(), length);
     if (!automaton.special[top]) continue;
     for (int32_t call = automaton.call_begin[top]; call < automaton.call_begin[top + 1]; ++call) {
-      std::vector<int32_t> next(stack.begin(), stack.end() - 1);
+      pending.data.insert(pending.data.end(), stack.begin(), stack.end() - 1);
       const int32_t returning = automaton.call_return[call];
-      if (!automaton.tail[returning]) next.push_back(returning);
-      next.push_back(automaton.call_callee[call]);
-      scratch.pending.push_back(std::move(next));
+      if (!automaton.tail[returning]) pending.data.push_back(returning);
+      pending.data.push_back(automaton.call_callee[call]);
+      pending.starts.push_back(static_cast<int32_t>(pending.data.size()));
     }
     if (automaton.accepting[top]) {
       if (length == 1) {
@@ -104,11 +174,10 @@ inline int closure(const Automaton& automaton, const Config& raw, Config& out,
       } else if (length == 2 && stack[0] == kBase) {
         flags |= 2;
       } else {
-        scratch.pending.emplace_back(stack.begin(), stack.end() - 1);
+        pending.push(stack.data(), length - 1);
       }
     }
-    if (static_cast<int32_t>(scratch.seen.size()) > automaton.stack_limit)
-      return kStackLimitExceeded;
+    if (scratch.seen.count() > automaton.stack_limit) return kStackLimitExceeded;
   }
   return flags;
 }
@@ -148,6 +217,10 @@ struct WalkOptions {
   int32_t start_bit = -1;
   int32_t longer_than = 0;
   const uint16_t* longest_below = nullptr;
+  // With `start_piece`: its ClosedPiece::below, and the longest token its mask takes (a
+  // state that reads as the piece only so far, MaskKernel::bounded_piece; else no bound).
+  const uint16_t* start_below = nullptr;
+  int32_t piece_bound = INT32_MAX;
 };
 
 template <bool RecordEscapes, bool LongOnly = false>
@@ -162,7 +235,7 @@ int walk(const Automaton& automaton, const Trie& trie, const Config& start, uint
   // Per thread, reused: a Config per depth is two vectors, and 129 of them (Llama-3's
   // longest token is 128 bytes) made and freed per walk cost 6-7 µs of a key state's first
   // mask (22-31 µs, now 16-25). A depth's Config is written before it is read in every walk.
-  static thread_local std::vector<Config> configs;
+  std::vector<Config>& configs = thread_scratch<std::vector<Config>>();
   if (configs.size() < static_cast<size_t>(size)) configs.resize(static_cast<size_t>(size));
   std::vector<int32_t> simple(static_cast<size_t>(size), -1);  // top state, or -1: general
   configs[0].data = start.data;
@@ -173,6 +246,8 @@ int walk(const Automaton& automaton, const Trie& trie, const Config& start, uint
   // taken as one shared mask, its first mask went from about 300 to 95 µs.
   std::vector<int8_t> in_piece(static_cast<size_t>(size), -1);
   const int8_t* const start_piece = closed != nullptr ? closed->start_piece : nullptr;
+  const uint16_t* const start_below = start_piece != nullptr ? closed->start_below : nullptr;
+  const int32_t piece_bound = start_piece != nullptr ? closed->piece_bound : 0;
   if (start_piece != nullptr && start.count() == 1) in_piece[0] = static_cast<int8_t>(closed->start_bit);
   std::vector<int32_t> below(start.data.begin(),
                              start.data.end() - (start.count() == 1 ? 1 : 0));
@@ -219,12 +294,18 @@ int walk(const Automaton& automaton, const Trie& trie, const Config& start, uint
         continue;
       }
     }
-    const bool taken = in_piece[depth] >= 0;  // in the piece's mask already
+    const int8_t at = in_piece[depth];
+    const bool taken = at >= 0 && depth <= piece_bound;  // in the piece's mask already
     if ((!LongOnly || depth > longer_than) && !taken) {
       for (int32_t k = token_begin[node]; k < token_begin[node + 1]; ++k) {
         const int32_t token = node_tokens[k];
         out[token >> 5] |= 1u << (token & 31);
       }
+    }
+    if (taken && start_below != nullptr && ((start_below[node] >> at) & 1u) &&
+        closed->longest_below[node] <= piece_bound) {
+      node = node_end[node];  // every token below stays in the piece, within the bound
+      continue;
     }
     if (node_end[node] == node + 1) {  // a leaf: nothing reads past it
       ++node;
