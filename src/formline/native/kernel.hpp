@@ -404,6 +404,7 @@ class MaskKernel {
   static constexpr int32_t kBoundedMinimum = 8;
   static constexpr size_t kBoundedPairs = 4096;
   static constexpr int32_t kBoundedEnough = 32;
+  static constexpr size_t kBoundedAsked = 2;  // candidates searched, best coverage first
 
   // For a state in no piece that reads as a piece's state for a while (a counted string's
   // first position, before its length or its end tells them apart): the piece, the state's
@@ -442,12 +443,12 @@ class MaskKernel {
         if (coverage >= kClosedMinimum) candidates.push_back(Candidate{coverage, q, &piece});
       }
     }
-    std::stable_sort(candidates.begin(), candidates.end(),
-                     [](const Candidate& a, const Candidate& b) { return a.coverage > b.coverage; });
+    const auto wider = [](const Candidate& a, const Candidate& b) { return a.coverage > b.coverage; };
+    std::stable_sort(candidates.begin(), candidates.end(), wider);
     std::shared_ptr<const ClosedPiece> best;
     int32_t best_depth = kBoundedMinimum - 1;
     const int32_t limit = std::min(table_->trie.max_depth, kBoundedEnough);
-    for (size_t k = 0; k < candidates.size() && k < 2 && best == nullptr; ++k) {
+    for (size_t k = 0; k < candidates.size() && k < kBoundedAsked && best == nullptr; ++k) {
       const auto& piece = *candidates[k].piece;
       const int32_t depth = piece_depth(automaton_.transitions, special, piece->transitions.data(),
                                         state, candidates[k].q, limit, kBoundedPairs);

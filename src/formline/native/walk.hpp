@@ -44,14 +44,19 @@ struct Config {
   }
 };
 
+// FNV-1a over the values, its high bits folded in (an open-addressing index masks the low).
+inline size_t hash_values(const int32_t* values, size_t length) {
+  uint64_t hash = 1469598103934665603ull;
+  for (size_t k = 0; k < length; ++k) {
+    hash ^= static_cast<uint32_t>(values[k]);
+    hash *= 1099511628211ull;
+  }
+  return static_cast<size_t>(hash ^ (hash >> 29));
+}
+
 struct VectorHash {
   size_t operator()(const std::vector<int32_t>& values) const {
-    uint64_t hash = 1469598103934665603ull;
-    for (int32_t value : values) {
-      hash ^= static_cast<uint32_t>(value);
-      hash *= 1099511628211ull;
-    }
-    return static_cast<size_t>(hash);
+    return hash_values(values.data(), values.size());
   }
 };
 
@@ -103,7 +108,8 @@ struct ClosureScratch {
   bool insert(const int32_t* values, int32_t length) {
     if (static_cast<size_t>(seen.count() + 1) * 2 > slot_stamp.size()) grow();
     const size_t mask = slot_stamp.size() - 1;
-    for (size_t slot = hash_of(values, length) & mask;; slot = (slot + 1) & mask) {
+    size_t slot = hash_values(values, static_cast<size_t>(length)) & mask;
+    for (;; slot = (slot + 1) & mask) {
       if (slot_stamp[slot] != stamp) {
         slot_stamp[slot] = stamp;
         slot_index[slot] = seen.count();
@@ -117,22 +123,14 @@ struct ClosureScratch {
   }
 
  private:
-  static size_t hash_of(const int32_t* values, int32_t length) {
-    uint64_t hash = 1469598103934665603ull;
-    for (int32_t k = 0; k < length; ++k) {
-      hash ^= static_cast<uint32_t>(values[k]);
-      hash *= 1099511628211ull;
-    }
-    return static_cast<size_t>(hash ^ (hash >> 29));
-  }
-
   void grow() {
     const size_t capacity = std::max<size_t>(64, slot_stamp.size() * 2);
     slot_stamp.assign(capacity, 0u);
     slot_index.assign(capacity, 0);
     stamp = 1;
     for (int32_t k = 0; k < seen.count(); ++k) {
-      size_t slot = hash_of(seen.stack(k), seen.length(k)) & (capacity - 1);
+      const size_t length = static_cast<size_t>(seen.length(k));
+      size_t slot = hash_values(seen.stack(k), length) & (capacity - 1);
       while (slot_stamp[slot] == stamp) slot = (slot + 1) & (capacity - 1);
       slot_stamp[slot] = stamp;
       slot_index[slot] = k;
