@@ -64,3 +64,12 @@ def test_extract_with_the_repair_loop_records_attempts(tmp_path: Path) -> None:
     (row,) = [json.loads(line) for line in output.read_text().splitlines()]
     assert 1 <= row["attempts"] <= 2
     assert (row["value"] is None) == (row["error"] is not None)
+
+
+def test_generate_verbatim_copies_the_values_from_the_prompt(capsys: Any) -> None:
+    prompt = "Lagos resident Chiamaka Eze marked her 29th birthday with a dozen friends."
+    assert main(["generate", "--schema", str(PERSON), "--verbatim", prompt]) == 0
+    value = json.loads(capsys.readouterr().out)
+    assert value["age"] in (29, 12)  # only the numbers the text states
+    for field in ("name", "city"):
+        assert value[field] in prompt  # a span of the text, whatever the model chose

@@ -38,7 +38,13 @@ def test_signals_roll_a_field_up_from_its_paths() -> None:
     assert signals["pressure"] == pytest.approx(0.6)
     assert field_signals(pressure, "city") == {
         "min_probability": 1.0, "mean_log_probability": 0.0, "pressure": 1.0,
+        "grounded": 0.5, "confidence": pytest.approx(0.7 * 0.5 + 0.3),
     }  # fmt: skip
+    found = field_signals(pressure, "name", "Ada Lovelace", "Ada Lovelace, 36.")
+    missing = field_signals(pressure, "name", "Grace Hopper", "Ada Lovelace, 36.")
+    assert (found["grounded"], missing["grounded"]) == (1.0, 0.0)
+    assert found["confidence"] == pytest.approx(0.7 + 0.3 * 0.99)
+    assert missing["confidence"] == pytest.approx(0.3 * 0.99)
     records = [
         {"scores": {"name": True, "items": False}, "signals": {
             "name": field_signals(pressure, "name"), "items": signals}},
@@ -50,5 +56,27 @@ def test_a_value_the_mask_forced_against_the_model_has_low_confidence(llama_back
     # The model "wants" to write the age as a word; the grammar forces digits.
     engine = ScriptedEngine(llama_backend, '{"name":"Ada","age":"thirty-six"}')
     result = generate("Ada, thirty-six.", Person, engine, max_tokens=30)
-    assert result.confidence["name"] > 0.99  # written as the model wanted
-    assert result.confidence["age"] < 1e-20  # every digit was refused by the model
+    assert result.model_confidence["name"] > 0.99  # written as the model wanted
+    assert result.model_confidence["age"] < 1e-20  # every digit was refused by the model
+    assert result.source == "Ada, thirty-six."
+    age = result.value.age
+    found = 1.0 if age == 36 else 0.0  # the digits the grammar forced, read in the words?
+    expected = 0.7 * found + 0.3 * result.model_confidence["age"]
+    assert result.confidence["age"] == pytest.approx(expected)
+
+
+def test_result_confidence_ranks_a_value_from_the_text_above_an_invented_one(
+    llama_backend: Any,
+) -> None:
+    # Both fields written as the model wanted; only one of them is in the prompt's text.
+    engine = ScriptedEngine(llama_backend, '{"name":"Grace","age":36}')
+    messages = [
+        {"role": "system", "content": "Names such as Grace are common."},
+        {"role": "user", "content": "Ada, thirty-six."},
+    ]
+    result = generate(messages, Person, engine, max_tokens=30)
+    assert result.value == Person(name="Grace", age=36)
+    assert result.source == "Ada, thirty-six."  # the system message is not a source
+    assert min(result.model_confidence.values()) > 0.99
+    assert result.confidence["age"] > 0.99  # 36 is "thirty-six" in the text
+    assert 0.29 < result.confidence["name"] < 0.31  # Grace is not: the model's 1.0 at 0.3

@@ -15,7 +15,9 @@ from formline.evaluation.dataset import extraction_dev_directory
 from formline.pipeline.grounding import (
     GroundingError,
     extract_numbers,
+    field_confidence,
     ground,
+    grounded_share,
     number_is_grounded,
     string_is_grounded,
 )
@@ -280,3 +282,22 @@ def test_the_dev_golds_are_grounded_except_inferred_values() -> None:
                 ungrounded.add((task["id"], error.path))
     # "turns 30 next month" is 29, and invoice-11 states no total: both are inferred.
     assert ungrounded == {("person-12", "age"), ("invoice-11", "total")}
+
+
+def test_grounded_share_counts_the_strings_and_numbers_found() -> None:
+    source = "Ada Lovelace was thirty-six; she lived in London."
+    assert grounded_share("Ada Lovelace", source) == 1.0
+    assert grounded_share(36, source) == 1.0  # read from the words
+    assert grounded_share({"name": "Ada", "age": 24}, source) == 0.5
+    assert grounded_share(["Paris", "London", 36, True], source) == pytest.approx(2 / 3)
+    assert grounded_share(True, source) is None  # nothing to look for
+    assert grounded_share([], source) is None
+
+
+def test_field_confidence_weighs_the_share_and_the_model() -> None:
+    source = "Mateus Carvalho, 34, Porto Alegre."
+    assert field_confidence("Porto Alegre", source, 0.4) == pytest.approx(0.7 + 0.12)
+    assert field_confidence("Lisbon", source, 0.4) == pytest.approx(0.12)
+    assert field_confidence(None, source, 0.4) == pytest.approx(0.35 + 0.12)  # nothing to find
+    # A value copied from the text ranks above an invented one the model was as sure of.
+    assert field_confidence(34, source, 0.3) > field_confidence(23, source, 0.3)

@@ -66,6 +66,10 @@ def add_model_arguments(parser: argparse.ArgumentParser) -> None:
         "--think", type=int, default=DEFAULT_THINK,
         help="free tokens the model may write before the answer (kept apart from it)",
     )  # fmt: skip
+    parser.add_argument(
+        "--verbatim", action="store_true",
+        help="plain strings and numbers only as the prompt's text writes them (extraction)",
+    )  # fmt: skip
 
 
 def _style(describe: bool | str) -> str:
@@ -110,6 +114,7 @@ def _generate(arguments: argparse.Namespace, prompt: str, output: Any, backend: 
         whitespace=None if arguments.whitespace < 0 else arguments.whitespace,
         numbers=arguments.numbers,
         think=arguments.think,
+        verbatim=arguments.verbatim,
     )
 
 

@@ -7,7 +7,11 @@ each oriented so that higher means "more likely right":
 
 - ``min_probability``: the least likely content token the model chose there;
 - ``mean_log_probability``: the mean log-probability of its content tokens;
-- ``pressure``: one minus the most probability mass the mask removed there (the old flag).
+- ``pressure``: one minus the most probability mass the mask removed there (the old flag);
+- ``grounded``: the share of the field's string and number leaves found in the task's text
+  (:func:`formline.pipeline.grounding.grounded_share`; 0.5 for a field with none);
+- ``confidence``: ``Result.confidence``, that share and ``min_probability`` weighted 0.7 and
+  0.3 (:func:`formline.pipeline.grounding.field_confidence`).
 
 :func:`confidence_aurocs` is the probability that a right field scores above a wrong one
 (ties count one half): 0.5 is no signal, 1.0 a perfect one.
@@ -17,11 +21,22 @@ from __future__ import annotations
 
 from typing import Any
 
-SIGNALS = ("min_probability", "mean_log_probability", "pressure")
+from formline.pipeline.grounding import NOTHING_TO_FIND, field_confidence, grounded_share
+
+SIGNALS = (
+    "min_probability",
+    "mean_log_probability",
+    "pressure",
+    "grounded",
+    "confidence",
+)
 
 
-def field_signals(pressure: dict[str, Any], field: str) -> dict[str, float]:
-    """The signals of ``field`` (a dotted scored field) from a result's per-path pressure."""
+def field_signals(
+    pressure: dict[str, Any], field: str, value: Any = None, source: str = ""
+) -> dict[str, float]:
+    """The signals of ``field`` (a dotted scored field) from a result's per-path pressure,
+    and of ``value`` (the field's predicted value) against the task's ``source`` text."""
     entries = [
         entry
         for path, entry in pressure.items()
@@ -29,10 +44,14 @@ def field_signals(pressure: dict[str, Any], field: str) -> dict[str, float]:
     ]
     steps = sum(entry.content_steps for entry in entries)
     log_probability = sum(entry.log_probability for entry in entries)
+    least = min((entry.min_probability for entry in entries), default=1.0)
+    share = grounded_share(value, source)
     return {
-        "min_probability": min((entry.min_probability for entry in entries), default=1.0),
+        "min_probability": least,
         "mean_log_probability": log_probability / steps if steps else 0.0,
         "pressure": 1.0 - max((entry.max_removed for entry in entries), default=0.0),
+        "grounded": NOTHING_TO_FIND if share is None else share,
+        "confidence": field_confidence(value, source, least),
     }
 
 

@@ -51,20 +51,26 @@ SUMMARY_ROWS: list[Row] = [
     ("fields correct", lambda s: s["fields_correct"], _percent1),
     ("all fields correct (tasks)", _overall, _percent1),
 ]
+
+
+def _auroc_of(signal: str) -> Callable[[dict[str, Any]], Any]:
+    """A summary's confidence AUROC for ``signal`` (``None`` when it has none)."""
+    return lambda summary: (summary.get("confidence_auroc") or {}).get(signal)
+
+
 COST_ROWS: list[Row] = [
     ("tokens generated (per task)", lambda s: s["tokens_per_task"], _number(1)),
     ("cut off at max tokens (tasks)", lambda s: s["finish_length"], str),
     ("wall time per task", lambda s: s["seconds_per_task"], _number(2, " s")),
     ("wall time (all tasks)", lambda s: s.get("seconds_total"), _number(0, " s")),
-    (
-        "confidence AUROC (least likely token)",
-        lambda s: (s.get("confidence_auroc") or {}).get("min_probability"),
-        _number(2),
-    ),
-    (
-        "confidence AUROC (pressure)",
-        lambda s: (s.get("confidence_auroc") or {}).get("pressure"),
-        _number(2),
+    *(
+        (f"confidence AUROC ({label})", _auroc_of(signal), _number(2))
+        for label, signal in (
+            ("least likely token", "min_probability"),
+            ("pressure", "pressure"),
+            ("values found in the text", "grounded"),
+            ("result.confidence: found 0.7, token 0.3", "confidence"),
+        )
     ),
     ("latency per token (wall)", lambda s: s["ms_per_token"], _number(1, " ms")),
     (

@@ -21,7 +21,7 @@ from jsonschema import Draft202012Validator
 from tqdm import tqdm
 
 from formline.evaluation.confidence import confidence_aurocs, field_signals
-from formline.evaluation.scoring import parse_output, score_task, summarize
+from formline.evaluation.scoring import field_value, parse_output, score_task, summarize
 from formline.evaluation.variants import Variant
 from formline.mask.compiler import clear_memory_cache
 from formline.pipeline.extract import extract
@@ -91,7 +91,10 @@ def run_task(
     record["scores"] = score_task(task, value)
     pressure = record.pop("pressure", None)
     if pressure:
-        record["signals"] = {field: field_signals(pressure, field) for field in record["scores"]}
+        record["signals"] = {
+            field: field_signals(pressure, field, field_value(value, field), task["text"])
+            for field in record["scores"]
+        }
     return record
 
 

@@ -185,6 +185,12 @@ def _lookup(value: Any, path: str) -> Any:
     return value
 
 
+def field_value(prediction: Any, path: str) -> Any:
+    """The predicted value at a scored field's dotted path, ``None`` where it is absent."""
+    found = _lookup(prediction, path)
+    return None if found is _MISSING else found
+
+
 def score_task(task: dict[str, Any], prediction: Any | None) -> dict[str, bool]:
     """Score one prediction: scored field name -> correct.
 

@@ -49,6 +49,7 @@ class Variant:
     # The instruction ``formline.extract`` uses when given none, instead of the task's own
     # (which names the fields): what a user who passes only a model gets.
     generic_instruction: bool = False
+    verbatim: bool = False  # plain strings and numbers narrowed to the prompt's
     help: str = ""
 
     def generation_options(self) -> dict[str, Any]:
@@ -58,6 +59,7 @@ class Variant:
             "whitespace": self.whitespace,
             "numbers": self.numbers,
             "think": self.think,
+            "verbatim": self.verbatim,
         }
 
     def decoding_schema(self, schema: dict[str, Any]) -> dict[str, Any]:
@@ -124,6 +126,18 @@ VARIANTS: dict[str, Variant] = {
         Variant(
             "pretty+string-typed", whitespace=PRETTY, string_typed=True,
             help="indented, numbers as strings",
+        ),
+        Variant(
+            "pretty+verbatim", whitespace=PRETTY, verbatim=True,
+            help="indented, values narrowed to the text's spans and numbers",
+        ),
+        Variant(
+            "generic+verbatim", whitespace=PRETTY, generic_instruction=True, verbatim=True,
+            help="extract's instruction, values narrowed to the text's",
+        ),
+        Variant(
+            "pretty+verbatim+evidence-first", whitespace=PRETTY, verbatim=True,
+            order="evidence-first", help="values narrowed to the text's, free text first",
         ),
         Variant(
             "generic", whitespace=PRETTY, generic_instruction=True,

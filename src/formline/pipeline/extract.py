@@ -182,8 +182,10 @@ def extract(
             hatch changed is validated against the changed schema and the value is a dict
             (its validators do not run: the model cannot hold a null or an "other").
         sampling: passed to :func:`generate` (``temperature``, ``top_p``, ``seed``,
-            ``system``, ``describe_schema``, ``think``, ...). With ``think=N`` each attempt
-            may write N tokens of free rationale first (kept in ``Attempt.rationale``).
+            ``system``, ``describe_schema``, ``think``, ``verbatim``, ...). With ``think=N``
+            each attempt may write N tokens of free rationale first (kept in
+            ``Attempt.rationale``); ``verbatim=True`` lets plain strings and numbers be only
+            what the prompt (the instruction and ``source``) writes (:mod:`.verbatim`).
 
     A Pydantic model validates with ``context={"source": source}``, so a validator can read
     ``info.context["source"]``. Returns an :class:`Extraction` or a :class:`Failed`.

@@ -25,6 +25,7 @@ from formline.constraint import Constraint, Plan, field_list_description
 from formline.errors import FormlineError
 from formline.mask.tagged import TaggedMatcher
 from formline.pipeline.decoding import Generation, Sampling, decode
+from formline.pipeline.grounding import field_confidence
 from formline.pipeline.listeners import StepListener
 from formline.pipeline.pressure import (
     DEFAULT_THRESHOLD,
@@ -33,6 +34,7 @@ from formline.pipeline.pressure import (
     top_level,
 )
 from formline.pipeline.tolerance import coerce_numbers, tolerant_schema
+from formline.pipeline.verbatim import verbatim_schema
 from formline.schema.api import SchemaCheck, parse_output
 
 CUT_OFF = ("length", "timeout", "cancelled")
@@ -89,12 +91,28 @@ class Result:
     coerced: list[str] = field(default_factory=list)  # paths of spelled numbers coerced
     rationale: str = ""  # free text written before the answer (think=N)
 
+    source: str = ""  # the prompt's own text (its user messages), what values are checked in
+
     @property
-    def confidence(self) -> dict[str, float]:
+    def model_confidence(self) -> dict[str, float]:
         """Per top-level field: how sure the model itself was of its value, the unmasked
         probability of the least likely content token it chose there (1.0: the grammar
-        wrote it all). Low values predict wrong fields (README: its measured AUROC)."""
+        wrote it all)."""
         return {name: entry.confidence for name, entry in top_level(self.pressure).items() if name}
+
+    @property
+    def confidence(self) -> dict[str, float]:
+        """Per top-level field, how likely its value is right, in [0, 1]: the share of its
+        strings and numbers found in the prompt's text weighted 0.7, the model's own
+        probability (:attr:`model_confidence`) 0.3
+        (:func:`~formline.pipeline.grounding.field_confidence`). Low values predict wrong
+        fields: AUROC 0.81 on the extraction-dev tasks, the model's probability alone
+        0.55 (README). Costs one pass over the prompt per string leaf."""
+        values = self.data if isinstance(self.data, dict) else {}
+        return {
+            name: field_confidence(values.get(name), self.source, probability)
+            for name, probability in self.model_confidence.items()
+        }
 
     def flagged_fields(self, threshold: float = DEFAULT_THRESHOLD) -> list[str]:
         """JSON paths written against the model's preference (see :mod:`.pressure`)."""
@@ -152,6 +170,7 @@ def generate(
     whitespace: int | None = DEFAULT_WHITESPACE,
     numbers: str = DEFAULT_NUMBERS,
     think: int = DEFAULT_THINK,
+    verbatim: bool = False,
 ) -> Result:
     """Generate from ``prompt`` (text or chat messages) under ``output``.
 
@@ -172,6 +191,8 @@ def generate(
         think: let the model write up to this many tokens of free text before the answer
             (:class:`~formline.mask.tagged.TaggedMatcher`); kept as ``Result.rationale``,
             never part of the value. ``max_tokens`` still bounds the answer.
+        verbatim: narrow every plain string of a schema to a span of the prompt's text and
+            every plain number to one it states (:mod:`.verbatim`): for extraction.
 
     Raises:
         formline.schema.SchemaError / GrammarError: the output spec does not compile.
@@ -186,7 +207,7 @@ def generate(
         describe_schema=describe_schema,
         free=free,
         system=system,
-        shaping=Shaping(whitespace, numbers, think),
+        shaping=Shaping(whitespace, numbers, think, verbatim),
     )
     return request.run()
 
@@ -199,6 +220,7 @@ class Shaping:
     whitespace: int | None = DEFAULT_WHITESPACE
     numbers: str = DEFAULT_NUMBERS
     think: int = DEFAULT_THINK
+    verbatim: bool = False  # plain strings and numbers narrowed to the prompt's (.verbatim)
 
     def __post_init__(self) -> None:
         if self.numbers not in ("strict", "tolerant"):
@@ -206,9 +228,10 @@ class Shaping:
         if self.think < 0:
             raise ValueError(f"think must be 0 or more tokens, not {self.think}")
 
-    def constraint(self, output: Any) -> tuple[Constraint, Constraint]:
+    def constraint(self, output: Any, source: str = "") -> tuple[Constraint, Constraint]:
         """(the constraint to compile, the constraint as given): objects closed where that
-        narrows, the whitespace and, when tolerant, spelled numbers admitted."""
+        narrows, the whitespace, when tolerant spelled numbers admitted, and when verbatim
+        plain values narrowed to the spans and numbers of ``source``."""
         given = Constraint.of(output)
         if not given.is_json:
             return given, given
@@ -217,6 +240,8 @@ class Shaping:
             compiled = replace(given, close_objects=True, whitespace=self.whitespace)
         if self.numbers == "tolerant" and given.kind == "json_schema":
             compiled = replace(compiled, value=tolerant_schema(given.schema()))
+        if self.verbatim and given.kind == "json_schema":
+            compiled = replace(compiled, value=verbatim_schema(compiled.schema(), source))
         return compiled, given
 
 
@@ -233,6 +258,7 @@ class GenerationRequest:
     compile_seconds: float
     given: Constraint = field(default_factory=Constraint)  # the constraint as the caller gave it
     shaping: Shaping = field(default_factory=lambda: Shaping())
+    source: str = ""  # the prompt's own text, before any description: Result.source
 
     @classmethod
     def prepare(
@@ -253,7 +279,7 @@ class GenerationRequest:
             formline.schema.SchemaError / GrammarError: ``output`` does not compile.
         """
         started = time.perf_counter()
-        compiled, given = (shaping or Shaping()).constraint(output)
+        compiled, given = (shaping or Shaping()).constraint(output, prompt_source(prompt))
         plan = compiled.compile(engine.vocabulary)
         if compiled is not given:  # the after-check reads the schema as given
             plan.client_check = SchemaCheck(given.schema())
@@ -270,7 +296,10 @@ class GenerationRequest:
                 TaggedMatcher(plan.compiled, shaping.think) if shaping.think else plan.matcher()
             )
         rendered = engine.render_chat(messages)
-        return cls(engine, plan, rendered, matcher, sampling, compile_seconds, given, shaping)
+        return cls(
+            engine, plan, rendered, matcher, sampling, compile_seconds, given, shaping,
+            prompt_source(prompt),
+        )  # fmt: skip
 
     def run(self, listeners: Sequence[StepListener] = ()) -> Result:
         """Decode (one loop, ``listeners`` watching) and read the result back."""
@@ -286,10 +315,22 @@ class GenerationRequest:
             generation = without_rationale(generation, self.matcher.rationale_bytes)
         result = _result(
             generation, self.plan, self.compile_seconds, self.engine.vocabulary.token_bytes,
-            self.given if self.shaping.numbers == "tolerant" else None, rationale_bytes,
+            self.given, rationale_bytes, tolerant=self.shaping.numbers == "tolerant",
         )  # fmt: skip
         result.rationale = rationale
+        result.source = self.source
         return result
+
+
+def prompt_source(prompt: str | list[dict[str, str]]) -> str:
+    """The text a prompt gives to read values from: the text itself, or its user messages'
+    contents (a system message's instructions and an assistant's example answers are not
+    a source)."""
+    if isinstance(prompt, str):
+        return prompt
+    return "\n".join(
+        str(message.get("content", "")) for message in prompt if message.get("role") == "user"
+    )
 
 
 def without_rationale(generation: Generation, rationale: bytes) -> Generation:
@@ -374,19 +415,23 @@ def _result(
     plan: Plan,
     compile_seconds: float,
     token_bytes: Any,
-    tolerant: Constraint | None = None,
+    given: Constraint | None = None,
     rationale_bytes: int = 0,
+    tolerant: bool = False,
 ) -> Result:
-    """``rationale_bytes``: the free text before the answer, whose tokens are no field's."""
-    model = plan.constraint.output_model or (tolerant.output_model if tolerant else None)
+    """``given``: the constraint as the caller gave it (its Pydantic model, when the one
+    compiled is a rewritten schema); ``tolerant``: spelled numbers are coerced back by its
+    schema; ``rationale_bytes``: the free text before the answer, whose tokens are no
+    field's."""
+    model = plan.constraint.output_model or (given.output_model if given else None)
     errors: list[str] = []
     data: Any = UNREAD
     coerced: list[str] = []
     if generation.finish_reason not in CUT_OFF and plan.is_json:
         instance, errors = parse_output(generation.text)
         if not errors:
-            if tolerant is not None:
-                instance, coerced = coerce_numbers(instance, tolerant.schema())
+            if tolerant and given is not None:
+                instance, coerced = coerce_numbers(instance, given.schema())
             data = instance
             errors = plan.check(instance)
     return Result(

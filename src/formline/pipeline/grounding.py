@@ -152,6 +152,45 @@ def ground(
     return errors
 
 
+def grounded_share(value: Any, source: str) -> float | None:
+    """The share of the string and number leaves of ``value`` that occur in ``source``
+    (:func:`string_is_grounded`, :func:`number_is_grounded`), or ``None`` when it has none
+    (a boolean, a null, an empty list). On the 72 extraction-dev tasks it tells a wrong
+    field from a right one with AUROC 0.79 (docs/results/defaults/), where the model's own
+    token probabilities give 0.57. Raises TypeError as :func:`ground` does. Costs one pass
+    over ``source`` per string leaf."""
+    checked = grounded = 0
+    for _, _, leaf in _leaves(value, "", ""):
+        if isinstance(leaf, bool) or leaf is None:
+            continue
+        checked += 1
+        if isinstance(leaf, str):
+            grounded += string_is_grounded(leaf, source)
+        else:
+            grounded += number_is_grounded(leaf, source)
+    return grounded / checked if checked else None
+
+
+# The share found weighs 0.7 and the model's probability 0.3: on the 72 extraction-dev tasks
+# (four prompt variants, docs/results/defaults/) the share alone tells a wrong field from a
+# right one with AUROC 0.79-0.81, the probability alone 0.44-0.55, this mix 0.78-0.81 (0.81
+# under the default prompt), and an even mix 0.78-0.80. The weight was chosen on those same
+# tasks: there is no held-out set.
+GROUNDED_WEIGHT = 0.7
+NOTHING_TO_FIND = 0.5  # the share of a field with no string or number: neither found nor not
+
+
+def field_confidence(value: Any, source: str, probability: float) -> float:
+    """How likely a field's ``value`` is right, in [0, 1]: its :func:`grounded_share` in
+    ``source`` (:data:`NOTHING_TO_FIND` when it has no string or number) weighted
+    :data:`GROUNDED_WEIGHT`, plus ``probability`` (the model's own confidence in it) for the
+    rest. The share ranks most of the fields (a value is found or not); the probability
+    orders the ties. Raises TypeError as :func:`ground` does."""
+    share = grounded_share(value, source)
+    found = NOTHING_TO_FIND if share is None else share
+    return GROUNDED_WEIGHT * found + (1.0 - GROUNDED_WEIGHT) * probability
+
+
 _MISSING_STRING = "does not occur in the source (case and spacing aside, accents as written)"
 _MISSING_NUMBER = "does not occur in the source (as digits or words)"
 
