@@ -60,6 +60,12 @@ class Person(BaseModel):
         return name
 
 
+def extract_as_scripted(*arguments: Any, **options: Any) -> Extraction | Failed:
+    """:func:`extract` without ``verbatim``: the scripted outputs below bypass the mask, and
+    test the repair loop with values the text does not hold ("Paris", 999)."""
+    return extract(*arguments, verbatim=False, **options)
+
+
 @pytest.fixture
 def scripted(smollm2_vocab: Vocabulary, monkeypatch: pytest.MonkeyPatch) -> Any:
     """A scripted model and loop: each call of ``formline.generate`` gives the next
@@ -69,7 +75,7 @@ def scripted(smollm2_vocab: Vocabulary, monkeypatch: pytest.MonkeyPatch) -> Any:
 
 def test_first_try_success_returns_the_pydantic_instance(scripted: Any) -> None:
     backend = scripted(GOOD)
-    result = extract(SOURCE, Person, backend, instruction="Extract the person.")
+    result = extract_as_scripted(SOURCE, Person, backend, instruction="Extract the person.")
     assert isinstance(result, Extraction) and result.ok
     assert isinstance(result.value, Person)
     assert result.value.model_dump() == {"name": "Ada Lovelace", "age": 36, "city": "London"}
@@ -81,7 +87,7 @@ def test_first_try_success_returns_the_pydantic_instance(scripted: Any) -> None:
 
 def test_truncation_gets_a_larger_budget_and_no_feedback(scripted: Any) -> None:
     backend = scripted(('{"name":"Ada Lovelace","age', "length"), GOOD)
-    result = extract(SOURCE, Person, backend, max_tokens=16)
+    result = extract_as_scripted(SOURCE, Person, backend, max_tokens=16)
     assert isinstance(result, Extraction) and len(result.attempts) == 2
     assert backend.max_tokens == [16, 32]
     assert (
@@ -94,7 +100,7 @@ def test_truncation_gets_a_larger_budget_and_no_feedback(scripted: Any) -> None:
 def test_truncation_at_the_token_cap_stops(scripted: Any) -> None:
     cut = [(f'{{"name":"{"A" * size}', "length") for size in range(1, 5)]
     backend = scripted(*cut)
-    result = extract(SOURCE, Person, backend, max_tokens=8, max_attempts=5)
+    result = extract_as_scripted(SOURCE, Person, backend, max_tokens=8, max_attempts=5)
     assert isinstance(result, Failed) and result.reason == TOKEN_CAP
     assert backend.max_tokens == [8, 16, 32]  # capped at 4 x max_tokens
 
@@ -102,7 +108,7 @@ def test_truncation_at_the_token_cap_stops(scripted: Any) -> None:
 def test_validation_error_is_fed_back_into_the_next_prompt(scripted: Any) -> None:
     invalid = '{"name":"Ada Lovelace","age":999,"city":"London"}'
     backend = scripted(invalid, GOOD)
-    result = extract(SOURCE, Person, backend)
+    result = extract_as_scripted(SOURCE, Person, backend)
     assert isinstance(result, Extraction) and len(result.attempts) == 2
     assert result.attempts[0].outcome == "invalid"
     assert "age: Input should be less than or equal to 130" in result.attempts[0].errors
@@ -113,14 +119,14 @@ def test_validation_error_is_fed_back_into_the_next_prompt(scripted: Any) -> Non
 
 def test_user_validator_reads_the_source_from_the_context(scripted: Any) -> None:
     backend = scripted('{"name":"Grace Hopper","age":36,"city":"London"}', GOOD)
-    result = extract(SOURCE, Person, backend)
+    result = extract_as_scripted(SOURCE, Person, backend)
     assert isinstance(result, Extraction)
     assert "name 'Grace Hopper' is not in the source text" in backend.prompts[1]
 
 
 def test_schema_after_check_errors_are_fed_back_for_a_dict_schema(scripted: Any) -> None:
     backend = scripted('{"name":"Ada Lovelace","age":36}', GOOD)
-    result = extract(SOURCE, load_schema("person"), backend)
+    result = extract_as_scripted(SOURCE, load_schema("person"), backend)
     assert isinstance(result, Extraction)
     assert result.value == {"name": "Ada Lovelace", "age": 36, "city": "London"}
     assert "'city' is a required property" in backend.prompts[1]
@@ -128,7 +134,7 @@ def test_schema_after_check_errors_are_fed_back_for_a_dict_schema(scripted: Any)
 
 def test_grounding_error_names_the_field_in_the_next_prompt(scripted: Any) -> None:
     backend = scripted('{"name":"Ada Lovelace","age":36,"city":"Paris"}', GOOD)
-    result = extract(SOURCE, load_schema("person"), backend, ground=True)
+    result = extract_as_scripted(SOURCE, load_schema("person"), backend, ground=True)
     assert isinstance(result, Extraction) and len(result.attempts) == 2
     assert result.attempts[0].outcome == "ungrounded"
     assert "city = 'Paris'" in backend.prompts[1]
@@ -136,21 +142,23 @@ def test_grounding_error_names_the_field_in_the_next_prompt(scripted: Any) -> No
 
 def test_grounding_checks_only_the_fields_asked_for(scripted: Any) -> None:
     backend = scripted('{"name":"Ada Lovelace","age":36,"city":"Paris"}')
-    result = extract(SOURCE, load_schema("person"), backend, ground=["name", "age"])
+    result = extract_as_scripted(SOURCE, load_schema("person"), backend, ground=["name", "age"])
     assert isinstance(result, Extraction) and result.value["city"] == "Paris"
 
 
 def test_grounding_skips_enum_labels(scripted: Any) -> None:
     text = '{"category":"bug","summary":"Export fails","urgent":false}'
     backend = scripted(text)
-    result = extract("Export fails on every try.", load_schema("ticket"), backend, ground=True)
+    result = extract_as_scripted(
+        "Export fails on every try.", load_schema("ticket"), backend, ground=True
+    )
     assert isinstance(result, Extraction)  # "bug" is a label, not text from the source
 
 
 def test_identical_repeated_output_fails_at_once(scripted: Any) -> None:
     invalid = '{"name":"Ada Lovelace","age":999,"city":"London"}'
     backend = scripted(invalid, invalid, GOOD)
-    result = extract(SOURCE, Person, backend, max_attempts=3)
+    result = extract_as_scripted(SOURCE, Person, backend, max_attempts=3)
     assert isinstance(result, Failed) and not result.ok
     assert result.reason == REPEATED_OUTPUT
     assert [attempt.outcome for attempt in result.attempts] == ["invalid", "repeated"]
@@ -162,7 +170,7 @@ def test_identical_repeated_output_fails_at_once(scripted: Any) -> None:
 def test_attempts_exhausted_is_a_typed_failure(scripted: Any) -> None:
     outputs = [f'{{"name":"Ada Lovelace","age":{age},"city":"London"}}' for age in (200, 300)]
     backend = scripted(*outputs, ('{"name":"Ada', "length"))
-    result = extract(SOURCE, Person, backend, max_attempts=3)
+    result = extract_as_scripted(SOURCE, Person, backend, max_attempts=3)
     assert isinstance(result, Failed) and result.reason == ATTEMPTS_EXHAUSTED
     assert [attempt.outcome for attempt in result.attempts] == ["invalid", "invalid", "truncated"]
     assert result.usage["total_tokens"] == sum(attempt.tokens for attempt in result.attempts)
@@ -177,7 +185,9 @@ def test_attempts_exhausted_is_a_typed_failure(scripted: Any) -> None:
 
 def test_escape_hatches_on_a_pydantic_model_return_a_dict(scripted: Any) -> None:
     backend = scripted('{"name":"Ada Lovelace","age":null,"city":"London"}')
-    result = extract(SOURCE, Person, backend, escape_hatches=["age"], describe_schema=True)
+    result = extract_as_scripted(
+        SOURCE, Person, backend, escape_hatches=["age"], describe_schema=True
+    )
     assert isinstance(result, Extraction)
     assert result.value == {"name": "Ada Lovelace", "age": None, "city": "London"}
     assert '"null"' in backend.prompts[0]  # the changed schema is the one described
@@ -185,9 +195,9 @@ def test_escape_hatches_on_a_pydantic_model_return_a_dict(scripted: Any) -> None
 
 def test_arguments_are_checked(scripted: Any) -> None:
     with pytest.raises(ValueError, match="at least 1"):
-        extract(SOURCE, Person, scripted(), max_attempts=0)
+        extract_as_scripted(SOURCE, Person, scripted(), max_attempts=0)
     with pytest.raises(SchemaError, match="no field"):
-        extract(SOURCE, Person, scripted(), escape_hatches=["nickname"])
+        extract_as_scripted(SOURCE, Person, scripted(), escape_hatches=["nickname"])
 
 
 def test_extract_is_exported_without_loading_an_engine() -> None:
@@ -358,3 +368,14 @@ def test_pressure_skips_the_rationale_bytes() -> None:
     assert set(pressure) == {"a"} and pressure["a"].steps == 2  # the key's token and the value's
     unskipped = field_pressure([0, 1, 2], pieces, steps)
     assert any(path.startswith("[") for path in unskipped)  # the rationale's "[" read as JSON
+
+
+def test_extraction_copies_the_values_from_the_text_by_default(llama_backend: Any) -> None:
+    # Greedy on the embedded model: age 27 with verbatim=False (issue 17's example), 36 with
+    # the default, the only number the sentence states ("thirty-six").
+    sentence = "Ada Lovelace was thirty-six when she died."
+    result = formline.extract(sentence, Lifespan, llama_backend, temperature=0)
+    assert isinstance(result, Extraction), result
+    assert result.value == Lifespan(name="Ada Lovelace", age=36)
+    free = formline.extract(sentence, Lifespan, llama_backend, temperature=0, verbatim=False)
+    assert isinstance(free, Extraction) and free.value.name in sentence

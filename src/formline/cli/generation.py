@@ -68,7 +68,7 @@ def add_model_arguments(parser: argparse.ArgumentParser) -> None:
     )  # fmt: skip
     parser.add_argument(
         "--verbatim", action="store_true",
-        help="plain strings and numbers only as the prompt's text writes them (extraction)",
+        help="plain strings and numbers only as the prompt's text writes them (extract's default)",
     )  # fmt: skip
 
 
@@ -210,6 +210,7 @@ def _repair_row(
         max_tokens=arguments.max_tokens,
         temperature=arguments.temperature,
         seed=arguments.seed,
+        verbatim=arguments.verbatim,
     )
     last = outcome.attempts[-1]
     return {
@@ -254,4 +255,9 @@ def register(commands: Any) -> None:
     )
     extract.add_argument("--ground", action="store_true", help="check values against the text")
     add_model_arguments(extract)
-    extract.set_defaults(handler=run_extract)
+    extract.add_argument(
+        "--no-verbatim", dest="verbatim", action="store_false",
+        help="let plain strings and numbers be other than the text writes them",
+    )  # fmt: skip
+    # Extraction copies values by default, as formline.extract does (docs/results/verbatim/).
+    extract.set_defaults(handler=run_extract, verbatim=True)

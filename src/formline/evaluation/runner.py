@@ -134,6 +134,7 @@ def _run_repair(
         instruction=task["instruction"],
         max_tokens=max_tokens,
         describe_schema=variant.describe_schema,
+        verbatim=variant.verbatim,
     )
     last = outcome.attempts[-1]  # the accepted one, or the last rejected
     return {

@@ -163,6 +163,7 @@ def extract(
     max_tokens: int = 256,
     escape_hatches: bool | Iterable[str] = False,
     backend: str = "llama_cpp",
+    verbatim: bool = True,
     **sampling: Any,
 ) -> Extraction | Failed:
     """Extract ``output`` (a Pydantic model class or a JSON Schema dict) from ``source``.
@@ -181,11 +182,16 @@ def extract(
             (see :mod:`formline.pipeline.escape_hatches`). A Pydantic model whose schema a
             hatch changed is validated against the changed schema and the value is a dict
             (its validators do not run: the model cannot hold a null or an "other").
+        verbatim: plain strings and numbers (no ``enum``, ``const``, ``format`` or
+            ``pattern``) can only be what the prompt (the instruction and ``source``)
+            writes: spans of its text, numbers it states in digits or words
+            (:mod:`.verbatim`). The default, as measured on the extraction-dev tasks (fields
+            43.5% -> 46.8% under this instruction); ``False`` for a field the model must
+            write itself (a summary in its own words) when it has no ``format`` or
+            ``pattern`` to keep it free.
         sampling: passed to :func:`generate` (``temperature``, ``top_p``, ``seed``,
-            ``system``, ``describe_schema``, ``think``, ``verbatim``, ...). With ``think=N``
-            each attempt may write N tokens of free rationale first (kept in
-            ``Attempt.rationale``); ``verbatim=True`` lets plain strings and numbers be only
-            what the prompt (the instruction and ``source``) writes (:mod:`.verbatim`).
+            ``system``, ``describe_schema``, ``think``, ...). With ``think=N`` each attempt
+            may write N tokens of free rationale first (kept in ``Attempt.rationale``).
 
     A Pydantic model validates with ``context={"source": source}``, so a validator can read
     ``info.context["source"]``. Returns an :class:`Extraction` or a :class:`Failed`.
@@ -196,7 +202,9 @@ def extract(
             field.
         BackendError: the model cannot be loaded.
         Whatever a user validator raises besides ``ValueError`` / ``AssertionError``.
-    Costs up to ``max_attempts`` decoding loops (one schema compile, cached).
+    Costs up to ``max_attempts`` decoding loops and one schema compile (cached; with
+    ``verbatim`` the narrowed schema is new for each source: 10-35 ms for the extraction-dev
+    schemas on Llama-3's vocabulary).
     """
     if max_attempts < 1 or max_tokens < 1:
         raise ValueError("max_attempts and max_tokens must be at least 1")
@@ -205,6 +213,8 @@ def extract(
     first_turn = f"{instruction or DEFAULT_INSTRUCTION}\n\n{source}"
     messages = [{"role": "user", "content": first_turn}]
     loop = _Loop(budget=max_tokens, cap=max_tokens * BUDGET_GROWTH_LIMIT)
+    # Values are read from the first turn only: the feedback turns quote the rejected values.
+    sampling = {**sampling, "verbatim": verbatim, "source": first_turn}
     for _ in range(max_attempts):
         attempt, value = _attempt(messages, target, engine, source, loop.budget, sampling)
         number = len(loop.attempts) + 1

@@ -171,6 +171,7 @@ def generate(
     numbers: str = DEFAULT_NUMBERS,
     think: int = DEFAULT_THINK,
     verbatim: bool = False,
+    source: str | None = None,
 ) -> Result:
     """Generate from ``prompt`` (text or chat messages) under ``output``.
 
@@ -191,8 +192,10 @@ def generate(
         think: let the model write up to this many tokens of free text before the answer
             (:class:`~formline.mask.tagged.TaggedMatcher`); kept as ``Result.rationale``,
             never part of the value. ``max_tokens`` still bounds the answer.
-        verbatim: narrow every plain string of a schema to a span of the prompt's text and
-            every plain number to one it states (:mod:`.verbatim`): for extraction.
+        verbatim: narrow every plain string of a schema to a span of ``source`` and every
+            plain number to one it states (:mod:`.verbatim`): for extraction.
+        source: the text values are read from (``verbatim``, ``Result.confidence``);
+            default: the prompt, or its user messages' contents.
 
     Raises:
         formline.schema.SchemaError / GrammarError: the output spec does not compile.
@@ -208,6 +211,7 @@ def generate(
         free=free,
         system=system,
         shaping=Shaping(whitespace, numbers, think, verbatim),
+        source=source,
     )
     return request.run()
 
@@ -272,6 +276,7 @@ class GenerationRequest:
         free: bool = False,
         system: str | None = None,
         shaping: Shaping | None = None,
+        source: str | None = None,
     ) -> GenerationRequest:
         """Compile ``output`` for the engine (cached) and render the prompt.
 
@@ -279,7 +284,8 @@ class GenerationRequest:
             formline.schema.SchemaError / GrammarError: ``output`` does not compile.
         """
         started = time.perf_counter()
-        compiled, given = (shaping or Shaping()).constraint(output, prompt_source(prompt))
+        source = prompt_source(prompt) if source is None else source
+        compiled, given = (shaping or Shaping()).constraint(output, source)
         plan = compiled.compile(engine.vocabulary)
         if compiled is not given:  # the after-check reads the schema as given
             plan.client_check = SchemaCheck(given.schema())
@@ -297,8 +303,7 @@ class GenerationRequest:
             )
         rendered = engine.render_chat(messages)
         return cls(
-            engine, plan, rendered, matcher, sampling, compile_seconds, given, shaping,
-            prompt_source(prompt),
+            engine, plan, rendered, matcher, sampling, compile_seconds, given, shaping, source
         )  # fmt: skip
 
     def run(self, listeners: Sequence[StepListener] = ()) -> Result:
