@@ -21,7 +21,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from formline.pipeline.grounding import NOTHING_TO_FIND, field_confidence, grounded_share
+from formline.pipeline.grounding import NOTHING_TO_FIND, grounded_share, weighted_confidence
 
 SIGNALS = (
     "min_probability",
@@ -51,7 +51,7 @@ def field_signals(
         "mean_log_probability": log_probability / steps if steps else 0.0,
         "pressure": 1.0 - max((entry.max_removed for entry in entries), default=0.0),
         "grounded": NOTHING_TO_FIND if share is None else share,
-        "confidence": field_confidence(value, source, least),
+        "confidence": weighted_confidence(share, least),
     }
 
 

@@ -203,8 +203,7 @@ def extract(
         BackendError: the model cannot be loaded.
         Whatever a user validator raises besides ``ValueError`` / ``AssertionError``.
     Costs up to ``max_attempts`` decoding loops and one schema compile (cached; with
-    ``verbatim`` the narrowed schema is new for each source: 10-35 ms for the extraction-dev
-    schemas on Llama-3's vocabulary).
+    ``verbatim`` the narrowed schema is new for each source, so it is compiled per call).
     """
     if max_attempts < 1 or max_tokens < 1:
         raise ValueError("max_attempts and max_tokens must be at least 1")

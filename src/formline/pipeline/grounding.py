@@ -157,8 +157,8 @@ def grounded_share(value: Any, source: str) -> float | None:
     (:func:`string_is_grounded`, :func:`number_is_grounded`), or ``None`` when it has none
     (a boolean, a null, an empty list). On the 72 extraction-dev tasks it tells a wrong
     field from a right one with AUROC 0.79 (docs/results/defaults/), where the model's own
-    token probabilities give 0.57. Raises TypeError as :func:`ground` does. Costs one pass
-    over ``source`` per string leaf."""
+    token probabilities give 0.55 in the same run. Raises TypeError as :func:`ground` does.
+    Costs one pass over ``source`` per string leaf."""
     checked = grounded = 0
     for _, _, leaf in _leaves(value, "", ""):
         if isinstance(leaf, bool) or leaf is None:
@@ -186,7 +186,11 @@ def field_confidence(value: Any, source: str, probability: float) -> float:
     :data:`GROUNDED_WEIGHT`, plus ``probability`` (the model's own confidence in it) for the
     rest. The share ranks most of the fields (a value is found or not); the probability
     orders the ties. Raises TypeError as :func:`ground` does."""
-    share = grounded_share(value, source)
+    return weighted_confidence(grounded_share(value, source), probability)
+
+
+def weighted_confidence(share: float | None, probability: float) -> float:
+    """:func:`field_confidence` from a :func:`grounded_share` already computed."""
     found = NOTHING_TO_FIND if share is None else share
     return GROUNDED_WEIGHT * found + (1.0 - GROUNDED_WEIGHT) * probability
 

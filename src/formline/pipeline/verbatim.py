@@ -9,11 +9,12 @@ to the word-aligned spans of the source text (:func:`source_spans`) and each pla
 (:func:`formline.pipeline.grounding.extract_numbers`: "29th" is 29, "a dozen" 12), as an
 ``enum`` beside its other keywords. A subschema with no candidate left (no number in the
 text, or none within its bounds) is left as it is: the narrowing never makes a schema
-unsatisfiable. The after-check reads the schema as given, so a value is never judged by the
-narrowed one.
+unsatisfiable. The mask enforces the narrowed ``enum``; the after-check reads the schema as
+given first, and reports what only the narrowed one refuses as "(the schema as compiled)".
 
-It is a choice for extraction, not a default: a summary or a rationale becomes a span of the
-text, and a value the text writes differently (a date, a currency code) must carry a
+It is the default of ``formline.extract`` (measured: docs/results/verbatim/), not of
+``generate``, whose prompt need not be a source: a summary or a rationale becomes a span of
+the text, and a value the text writes differently (a date, a currency code) must carry a
 ``format``, ``pattern`` or ``enum`` to stay free.
 """
 
