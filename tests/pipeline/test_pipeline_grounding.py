@@ -14,12 +14,14 @@ from hypothesis import strategies as st
 from formline.evaluation.dataset import extraction_dev_directory
 from formline.pipeline.grounding import (
     GroundingError,
+    copied_confidence,
     extract_numbers,
     field_confidence,
     ground,
     grounded_share,
     number_is_grounded,
     string_is_grounded,
+    value_shape_share,
 )
 
 EXTRACTION = extraction_dev_directory()
@@ -301,3 +303,14 @@ def test_field_confidence_weighs_the_share_and_the_model() -> None:
     assert field_confidence(None, source, 0.4) == pytest.approx(0.35 + 0.12)  # nothing to find
     # A value copied from the text ranks above an invented one the model was as sure of.
     assert field_confidence(34, source, 0.3) > field_confidence(23, source, 0.3)
+
+
+def test_a_copied_value_that_runs_on_is_not_trusted() -> None:
+    assert value_shape_share("Rivera & Sons Construction SpA") == 1.0
+    assert value_shape_share("SARL. The engagement begins on July 7") == 0.0
+    assert value_shape_share("2025; it may be terminated") == 0.0  # a clause break inside
+    assert value_shape_share(["Kestrel Foods plc", "the lease between the two of them"]) == 0.5
+    assert value_shape_share(36) is None and value_shape_share(None) is None
+    assert copied_confidence("Porto Alegre", 0.9) == 0.9  # the model's probability
+    assert copied_confidence("Atelier Moreau, Lyon", 0.9) == 0.0  # a run of text
+    assert copied_confidence(3, 0.0) == 0.0  # a number the budget wrote

@@ -41,6 +41,17 @@ def test_field_pressure_aggregates_steps_on_the_fields_they_wrote() -> None:
     assert set(top_level(pressure)) == {"age", "city"}
 
 
+def test_values_the_budget_wrote_have_probability_zero() -> None:
+    pieces = [b'{"', b"age", b'":', b"4", b"2", b',"', b"city", b'":"', b"Rio", b'"}']
+    steps = {3: (0.0, False, 3), 4: (0.0, False, 4)}
+    confidence = {3: 0.9, 4: 0.8}
+    closed = field_pressure(range(len(pieces)), pieces, steps, confidence, closing_tokens=5)
+    assert closed["age"].confidence == 0.8  # the model's own digits
+    assert closed["city"].confidence == 0.0  # "Rio" came with the closing text
+    sampled = field_pressure(range(len(pieces)), pieces, steps, confidence, closing_tokens=1)
+    assert "city" not in sampled  # '"}' alone writes no value: nothing to mark
+
+
 def test_the_pressure_listener_measures_removed_mass_and_refused_preference() -> None:
     logits = np.log(np.array([0.7, 0.2, 0.1], dtype=np.float32))
     bitmask = allocate_token_bitmask(1, 3)

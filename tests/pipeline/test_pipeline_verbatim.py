@@ -43,6 +43,8 @@ def test_spans_are_word_runs_without_their_edge_punctuation() -> None:
     assert "Mateus Alegre" not in spans  # runs only: words next to each other
     assert len(spans) == len(set(spans))
     assert source_spans("") == []
+    assert "bruna.s_2231" in source_spans("[uid=bruna.s_2231] Can I still use it?")
+    assert "70921" in source_spans("(id:70921)")
 
 
 def test_numbers_are_read_from_digits_and_words() -> None:
@@ -91,3 +93,47 @@ def test_generate_without_candidates_still_answers(llama_backend: Any, source: s
     engine = ScriptedEngine(llama_backend, '{"name":"Ada","age":36}')
     result = generate(source, Person, engine, max_tokens=40, verbatim=True, whitespace=None)
     assert result.value.age == 36  # no number in the text: the integer is left free
+
+
+def test_a_date_is_narrowed_to_the_dates_the_text_states() -> None:
+    schema = {
+        "type": "object",
+        "properties": {
+            "start": {"type": "string", "format": "date"},
+            "end": {"type": ["string", "null"], "format": "date"},
+            "written": {"type": "string", "format": "date", "pattern": "^[0-9/]+$"},
+            "stamp": {"type": "string", "format": "date-time"},
+        },
+    }
+    text = "The lease begins on 15/08/2024 (DD/MM/YYYY) and ends on the first of June 2026."
+    properties = verbatim_schema(schema, text)["properties"]
+    assert properties["start"]["enum"] == ["2024-08-15", "2026-06-01"]
+    assert properties["end"]["enum"] == ["2024-08-15", "2026-06-01", None]
+    assert properties["written"] == schema["properties"]["written"]  # its own spelling
+    assert properties["stamp"] == schema["properties"]["stamp"]
+    assert verbatim_schema(schema, "no date here") == schema
+
+
+def test_a_rating_scale_is_a_judgement_and_stays_free() -> None:
+    schema = {
+        "type": "object",
+        "properties": {
+            "rating": {"type": "integer", "minimum": 1, "maximum": 10},
+            "age": {"type": "integer", "minimum": 0, "maximum": 150},
+        },
+    }
+    properties = verbatim_schema(schema, "Ana, 34, has 6 years of Python.")["properties"]
+    assert properties["rating"] == schema["properties"]["rating"]  # 6 is a count, not a rating
+    assert properties["age"]["enum"] == [34, 6]
+
+
+def test_confidence_of_copied_values_reads_their_shape(llama_backend: Any) -> None:
+    # Every value is a span of the text, so whether it is found there tells nothing; a span
+    # that runs across a clause break is not one value.
+    script = '{"name":"Chiamaka Eze, 29, marked her birthday","age":29}'
+    engine = ScriptedEngine(llama_backend, script)
+    result = generate(SOURCE, Person, engine, max_tokens=60, verbatim=True, whitespace=None)
+    assert result.verbatim and result.data["name"] == "Chiamaka Eze, 29, marked her birthday"
+    assert result.confidence["name"] == 0.0
+    assert result.confidence["age"] == pytest.approx(result.model_confidence["age"])
+    assert result.model_confidence["name"] > 0.9  # the scripted model was sure of it

@@ -68,7 +68,7 @@ def add_model_arguments(parser: argparse.ArgumentParser) -> None:
     )  # fmt: skip
     parser.add_argument(
         "--verbatim", action="store_true",
-        help="plain strings and numbers only as the prompt's text writes them (extract's default)",
+        help="plain strings, numbers and dates only as the text writes them (extract's default)",
     )  # fmt: skip
 
 
@@ -257,7 +257,7 @@ def register(commands: Any) -> None:
     add_model_arguments(extract)
     extract.add_argument(
         "--no-verbatim", dest="verbatim", action="store_false",
-        help="let plain strings and numbers be other than the text writes them",
+        help="let plain strings, numbers and dates be other than the text writes them",
     )  # fmt: skip
     # Extraction copies values by default, as formline.extract does (docs/results/verbatim/).
     extract.set_defaults(handler=run_extract, verbatim=True)

@@ -21,7 +21,12 @@ from __future__ import annotations
 
 from typing import Any
 
-from formline.pipeline.grounding import NOTHING_TO_FIND, grounded_share, weighted_confidence
+from formline.pipeline.grounding import (
+    NOTHING_TO_FIND,
+    copied_confidence,
+    grounded_share,
+    weighted_confidence,
+)
 
 SIGNALS = (
     "min_probability",
@@ -33,10 +38,16 @@ SIGNALS = (
 
 
 def field_signals(
-    pressure: dict[str, Any], field: str, value: Any = None, source: str = ""
+    pressure: dict[str, Any],
+    field: str,
+    value: Any = None,
+    source: str = "",
+    verbatim: bool = False,
 ) -> dict[str, float]:
     """The signals of ``field`` (a dotted scored field) from a result's per-path pressure,
-    and of ``value`` (the field's predicted value) against the task's ``source`` text."""
+    and of ``value`` (the field's predicted value) against the task's ``source`` text;
+    ``verbatim``: the values were narrowed to the source's, so ``confidence`` is
+    :func:`~formline.pipeline.grounding.copied_confidence` (as ``Result.confidence``)."""
     entries = [
         entry
         for path, entry in pressure.items()
@@ -51,7 +62,9 @@ def field_signals(
         "mean_log_probability": log_probability / steps if steps else 0.0,
         "pressure": 1.0 - max((entry.max_removed for entry in entries), default=0.0),
         "grounded": NOTHING_TO_FIND if share is None else share,
-        "confidence": weighted_confidence(share, least),
+        "confidence": copied_confidence(value, least)
+        if verbatim
+        else weighted_confidence(share, least),
     }
 
 

@@ -69,7 +69,7 @@ COST_ROWS: list[Row] = [
             ("least likely token", "min_probability"),
             ("pressure", "pressure"),
             ("values found in the text", "grounded"),
-            ("result.confidence: found 0.7, token 0.3", "confidence"),
+            ("result.confidence: found 0.7, token 0.3; verbatim: token, shape", "confidence"),
         )
     ),
     ("latency per token (wall)", lambda s: s["ms_per_token"], _number(1, " ms")),

@@ -92,7 +92,9 @@ def run_task(
     pressure = record.pop("pressure", None)
     if pressure:
         record["signals"] = {
-            field: field_signals(pressure, field, field_value(value, field), task["text"])
+            field: field_signals(
+                pressure, field, field_value(value, field), task["text"], variant.verbatim
+            )
             for field in record["scores"]
         }
     return record
@@ -107,6 +109,7 @@ def _run_generate(
         backend,
         max_tokens=max_tokens,
         free=variant.mode == "free",
+        source=task["text"],  # what verbatim narrows to: the text, not the instruction
         **variant.generation_options(),
     )
     return {

@@ -182,13 +182,13 @@ def extract(
             (see :mod:`formline.pipeline.escape_hatches`). A Pydantic model whose schema a
             hatch changed is validated against the changed schema and the value is a dict
             (its validators do not run: the model cannot hold a null or an "other").
-        verbatim: plain strings and numbers (no ``enum``, ``const``, ``format`` or
-            ``pattern``) can only be what the prompt (the instruction and ``source``)
-            writes: spans of its text, numbers it states in digits or words
-            (:mod:`.verbatim`). The default, as measured on the extraction-dev tasks (fields
-            43.5% -> 46.8% under this instruction); ``False`` for a field the model must
-            write itself (a summary in its own words) when it has no ``format`` or
-            ``pattern`` to keep it free.
+        verbatim: plain strings, numbers and dates can only be what ``source`` writes
+            (not the instruction): spans of its text, numbers and dates it states, each
+            string of an array once, and a rating scale left free (:mod:`.verbatim`). The
+            default, as measured on the extraction-dev tasks under this instruction: fields
+            43.5% -> 53.2%, tasks all right 22.2% -> 27.8% (docs/results/verbatim/);
+            ``False`` for a field the model must write itself (a summary in its own words)
+            when it has no ``format`` or ``pattern`` to keep it free.
         sampling: passed to :func:`generate` (``temperature``, ``top_p``, ``seed``,
             ``system``, ``describe_schema``, ``think``, ...). With ``think=N`` each attempt
             may write N tokens of free rationale first (kept in ``Attempt.rationale``).
@@ -212,8 +212,10 @@ def extract(
     first_turn = f"{instruction or DEFAULT_INSTRUCTION}\n\n{source}"
     messages = [{"role": "user", "content": first_turn}]
     loop = _Loop(budget=max_tokens, cap=max_tokens * BUDGET_GROWTH_LIMIT)
-    # Values are read from the first turn only: the feedback turns quote the rejected values.
-    sampling = {**sampling, "verbatim": verbatim, "source": first_turn}
+    # Values are read from the source only: the instruction is not one ("Extract the
+    # requested fields from the text below" was copied as a router's reply on 3 of 12
+    # extraction-dev tasks), and the feedback turns quote the rejected values.
+    sampling = {**sampling, "verbatim": verbatim, "source": source}
     for _ in range(max_attempts):
         attempt, value = _attempt(messages, target, engine, source, loop.budget, sampling)
         number = len(loop.attempts) + 1

@@ -85,7 +85,8 @@ class FieldPressure:
     content_max_removed: float = 0.0
     # Over the sampled content tokens (a letter or digit) of the path: the lowest and the
     # summed log of the chosen token's unmasked probability (1.0 and 0.0 when every content
-    # token was forced: the grammar, not the model, wrote it).
+    # token was forced: the grammar, not the model, wrote it; the lowest is 0.0 when the
+    # budget's closing policy wrote content there: a placeholder, not an answer).
     min_probability: float = 1.0
     log_probability: float = 0.0
     content_steps: int = 0
@@ -93,7 +94,8 @@ class FieldPressure:
     @property
     def confidence(self) -> float:
         """How sure the model was of this path's value: the unmasked probability of its
-        least likely sampled content token (1.0 when none was sampled)."""
+        least likely sampled content token (1.0 when none was sampled, 0.0 when the budget
+        wrote content there)."""
         return self.min_probability
 
     @property
@@ -184,12 +186,15 @@ def field_pressure(
     step_pressure: dict[int, tuple[float, bool, int]],
     confidence: dict[int, float] | None = None,
     answer_from: int = 0,
+    closing_tokens: int = 0,
 ) -> dict[str, FieldPressure]:
     """Aggregate per-step pressure onto the JSON paths the steps' tokens wrote.
 
     A token is attributed to the path of its first byte that is not JSON punctuation (its
     first byte otherwise). ``answer_from``: the bytes of free rationale before the JSON
-    (``think=N``); tokens wholly inside it are left out. Costs O(output bytes).
+    (``think=N``); tokens wholly inside it are left out. ``closing_tokens``: the last tokens,
+    written by the budget's closing policy (``Generation.closing_tokens``); a path they
+    write content to gets probability 0, as the model never chose it. Costs O(output bytes).
     """
     pieces = [token_bytes[token] if 0 <= token < len(token_bytes) else b"" for token in token_ids]
     text = b"".join(pieces)
@@ -218,7 +223,30 @@ def field_pressure(
             entry.min_probability = min(entry.min_probability, probability)
             entry.log_probability += float(np.log(probability))
             entry.content_steps += 1
+    if closing_tokens:
+        _mark_closing(result, pieces, paths, len(pieces) - closing_tokens, answer_from)
     return result
+
+
+def _mark_closing(
+    result: dict[str, FieldPressure],
+    pieces: list[bytes],
+    paths: list[str],
+    first: int,
+    answer_from: int,
+) -> None:
+    """Probability 0 for the paths the closing tokens (from position ``first``) write a value
+    to: on extraction-dev, the 11 values the budget wrote ("total": 1, "notice_days": 3)
+    counted as sure (1.0, no sampled step) and were all wrong."""
+    offset = sum(len(piece) for piece in pieces[:first])
+    for piece in pieces[first:]:
+        start, offset = offset, offset + len(piece)
+        if not _is_content(piece) or offset <= answer_from:
+            continue
+        inside = next(index for index, byte in enumerate(piece) if _is_content(bytes((byte,))))
+        at = start + inside
+        path = paths[at] if at < len(paths) else ""
+        result.setdefault(path, FieldPressure(path)).min_probability = 0.0
 
 
 def _is_content(piece: bytes) -> bool:

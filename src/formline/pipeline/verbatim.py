@@ -1,4 +1,4 @@
-"""Values copied from the source: plain strings and numbers restricted to what the text says.
+"""Values copied from the source: plain strings, numbers and dates restricted to the text's.
 
 A small model invents values: SmolLM2 reads "Lagos resident Chiamaka Eze marked her 29th
 birthday" and writes ``"age": 23``; it fills a contract's ``parties`` with "The Supplier".
@@ -7,22 +7,31 @@ narrows each plain ``string`` subschema (no ``enum``, ``const``, ``format`` or `
 to the word-aligned spans of the source text (:func:`source_spans`) and each plain
 ``integer`` / ``number`` subschema to the numbers the text states, as digits or as words
 (:func:`formline.pipeline.grounding.extract_numbers`: "29th" is 29, "a dozen" 12), as an
-``enum`` beside its other keywords. A subschema with no candidate left (no number in the
-text, or none within its bounds) is left as it is: the narrowing never makes a schema
-unsatisfiable. The mask enforces the narrowed ``enum``; the after-check reads the schema as
-given first, and reports what only the narrowed one refuses as "(the schema as compiled)".
+``enum`` beside its other keywords. A ``"format": "date"`` string (without a ``pattern``)
+is narrowed to the dates the text states, written ``YYYY-MM-DD``
+(:func:`formline.pipeline.dates.source_dates`: "the fifteenth of April 2025" is
+``2025-04-15``; start dates right on 11 of 12 extraction-dev contracts, 2 of 12 before).
+A subschema with no candidate left (no number in the text, or none within its bounds) is
+left as it is: the narrowing never makes a schema unsatisfiable. The mask enforces the
+narrowed ``enum``; the after-check reads the schema as given first, and reports what only
+the narrowed one refuses as "(the schema as compiled)". The string items of an array are
+each written once (:func:`distinct_arrays`, enforced by
+:class:`formline.mask.distinct.DistinctItemsMatcher`).
 
 It is the default of ``formline.extract`` (measured: docs/results/verbatim/), not of
 ``generate``, whose prompt need not be a source: a summary or a rationale becomes a span of
-the text, and a value the text writes differently (a date, a currency code) must carry a
-``format``, ``pattern`` or ``enum`` to stay free.
+the text, and a value the text writes differently (a currency code, a category) must carry
+a ``format``, ``pattern`` or ``enum`` to stay free.
 """
 
 from __future__ import annotations
 
+import re
+from dataclasses import dataclass
 from decimal import Decimal
 from typing import Any
 
+from formline.pipeline.dates import source_dates
 from formline.pipeline.grounding import extract_numbers
 from formline.pipeline.tolerance import map_subschemas
 
@@ -30,12 +39,16 @@ MAX_SPAN_WORDS = 8  # a name, a city, a vendor, an item's description
 MAX_SPANS = 4000  # about 500 words of source; past that, longer spans are dropped first
 # Stripped from both ends of a span: "Porto Alegre," and "(Kraków)" are the places.
 EDGE_PUNCTUATION = " \t\n,.;:!?()[]{}\"'“”‘’«»"
+MAX_SCALE_STEPS = 10  # 1-10, 0-10, 1-5: a rating (see _is_scale)
+KEY_SEPARATORS = r"[=:]"  # inside a word: "uid=u_2048", "id:70921"
 RESTRICTING = ("enum", "const", "format", "pattern")
+MAX_SCHEMA_VISITS = 10_000  # distinct_arrays' walk; 2,295 MaskBench schemas need far fewer
 
 
 def source_spans(source: str, max_words: int = MAX_SPAN_WORDS) -> list[str]:
     """Every run of 1 to ``max_words`` consecutive words of ``source`` (split on
-    whitespace), punctuation stripped from its ends, once each, shorter runs first; at most
+    whitespace), punctuation stripped from its ends, once each, shorter runs first, then
+    what follows a ``=`` or ``:`` inside a word (``uid=bruna.s_2231``); at most
     :data:`MAX_SPANS`. Costs O(words x max_words) string joins."""
     words = source.split()
     spans: dict[str, None] = {}
@@ -46,6 +59,11 @@ def source_spans(source: str, max_words: int = MAX_SPAN_WORDS) -> list[str]:
                 spans[span] = None
             if len(spans) >= MAX_SPANS:
                 return list(spans)
+    for word in words:  # "[uid=bruna.s_2231]": the value after a key is a span of its own
+        for part in re.split(KEY_SEPARATORS, word)[1:]:
+            part = part.strip(EDGE_PUNCTUATION)
+            if part and len(spans) < MAX_SPANS:
+                spans[part] = None
     return list(spans)
 
 
@@ -54,18 +72,33 @@ def source_numbers(source: str) -> list[Decimal]:
     return list(dict.fromkeys(extract_numbers(source)))
 
 
+@dataclass(frozen=True)
+class SourceValues:
+    """What a source text offers a narrowed schema: its spans, numbers and dates."""
+
+    spans: list[str]
+    numbers: list[Decimal]
+    dates: list[str]
+
+    @classmethod
+    def read(cls, source: str) -> SourceValues:
+        return cls(source_spans(source), source_numbers(source), source_dates(source))
+
+
 def verbatim_schema(schema: Any, source: str) -> Any:
     """``schema`` with every plain string and number subschema narrowed to the spans and
-    numbers of ``source`` (see the module). The input is unchanged. Costs one walk of the
-    schema plus :func:`source_spans`."""
+    numbers of ``source``, and every ``"format": "date"`` string to its dates (see the
+    module). The input is unchanged. Costs one walk of the schema plus
+    :func:`source_spans`."""
     if not isinstance(schema, dict):
         return schema
-    spans = source_spans(source)
-    numbers = source_numbers(source)
-    return map_subschemas(schema, lambda node: _narrow(node, spans, numbers))
+    values = SourceValues.read(source)
+    return map_subschemas(schema, lambda node: _narrow(node, values))
 
 
-def _narrow(node: dict[str, Any], spans: list[str], numbers: list[Decimal]) -> dict[str, Any]:
+def _narrow(node: dict[str, Any], values: SourceValues) -> dict[str, Any]:
+    if node.get("format") == "date" and not any(key in node for key in ("enum", "const")):
+        return _narrow_date(node, values.dates)
     if any(keyword in node for keyword in RESTRICTING):
         return node
     kinds = node.get("type")
@@ -75,14 +108,47 @@ def _narrow(node: dict[str, Any], spans: list[str], numbers: list[Decimal]) -> d
     nullable = "null" in kinds
     rest = [kind for kind in kinds if kind != "null"]
     if rest == ["string"]:
-        candidates: list[Any] = [span for span in spans if _fits_length(node, span)]
+        candidates: list[Any] = [span for span in values.spans if _fits_length(node, span)]
+    elif rest == ["integer"] and _is_scale(node):
+        return node  # a rating the model gives, not a number the text states
     elif rest in (["integer"], ["number"]):
-        candidates = _numbers_within(node, numbers, integer=rest == ["integer"])
+        candidates = _numbers_within(node, values.numbers, integer=rest == ["integer"])
     else:
         return node
     if not candidates:
         return node
     return {**node, "enum": [*candidates, None] if nullable else candidates}
+
+
+def _is_scale(node: dict[str, Any]) -> bool:
+    """Whether an integer subschema is a scale (its bounds at most :data:`MAX_SCALE_STEPS`
+    apart: "rate from 1 to 10"), taken for a judgement and not a number to find. Narrowed,
+    extraction-dev's ``rate_skill_match`` could only be the years and counts its texts
+    happen to state. A count bounded as tightly (bedrooms 0-10) is left free too."""
+    low = _bound(node, "minimum", "exclusiveMinimum", 1)
+    high = _bound(node, "maximum", "exclusiveMaximum", -1)
+    return low is not None and high is not None and 0 <= high - low <= MAX_SCALE_STEPS
+
+
+def _bound(node: dict[str, Any], inclusive: str, exclusive: str, step: int) -> float | None:
+    """An integer's bound, inclusive (an exclusive bound moved by ``step``)."""
+    for keyword, shift in ((inclusive, 0), (exclusive, step)):
+        bound = node.get(keyword)
+        if isinstance(bound, int | float) and not isinstance(bound, bool):
+            return bound + shift
+    return None
+
+
+def _narrow_date(node: dict[str, Any], dates: list[str]) -> dict[str, Any]:
+    """A date string narrowed to the source's dates; one with a ``pattern`` of its own is
+    left as it is (the pattern says how the date is written, and may not be ISO)."""
+    kinds = node.get("type")
+    if "pattern" in node or not dates:
+        return node
+    if kinds not in ("string", ["string"], ["string", "null"], ["null", "string"]):
+        return node
+    nullable = isinstance(kinds, list) and "null" in kinds
+    return {**node, "enum": [*dates, None] if nullable else dates}
 
 
 def _fits_length(node: dict[str, Any], span: str) -> bool:
@@ -115,3 +181,81 @@ def _within(node: dict[str, Any], number: Decimal) -> bool:
         if is_number and not holds(Decimal(str(bound))):
             return False
     return True
+
+
+def distinct_arrays(schema: Any) -> dict[tuple[str, ...], list[str] | None]:
+    """The arrays of ``schema`` whose items are strings, by path (object keys, ``"*"`` for
+    array items), each with its items' ``enum`` strings (``None`` when free, or when
+    ``anyOf`` / ``oneOf`` / ``allOf`` branches, which share their parent's path, disagree):
+    what :class:`formline.mask.distinct.DistinctItemsMatcher` keeps distinct. A local
+    ``$ref`` is not entered again inside its own expansion (a recursive schema's arrays are
+    tracked at its first level). Costs one walk of the schema, at most
+    :data:`MAX_SCHEMA_VISITS` subschemas."""
+    collector = _ArrayCollector(schema if isinstance(schema, dict) else {})
+    collector.visit(collector.root, ())
+    return collector.found
+
+
+class _ArrayCollector:
+    """The walk of :func:`distinct_arrays`: its findings, the ``$ref`` s being expanded, a
+    visit budget (two self-references per level made the walk exponential)."""
+
+    def __init__(self, root: dict[str, Any]):
+        self.root = root
+        self.found: dict[tuple[str, ...], list[str] | None] = {}
+        self.expanding: set[str] = set()
+        self.visits = 0
+
+    def visit(self, node: Any, path: tuple[str, ...]) -> None:
+        self.visits += 1
+        if not isinstance(node, dict) or self.visits > MAX_SCHEMA_VISITS:
+            return
+        reference = node.get("$ref")
+        reference = reference if isinstance(reference, str) and reference[:2] == "#/" else ""
+        if reference and reference not in self.expanding:
+            self.expanding.add(reference)
+            self.visit(_resolve(self.root, reference), path)
+            self.expanding.discard(reference)
+        for keyword in ("anyOf", "oneOf", "allOf"):
+            for branch in node.get(keyword) or []:
+                self.visit(branch, path)
+        for name, sub in (node.get("properties") or {}).items():
+            self.visit(sub, (*path, name))
+        items = node.get("items")
+        if isinstance(items, dict):
+            if _is_string_schema(self.root, items):
+                self.record(path, _enum_strings(self.root, items))
+            self.visit(items, (*path, "*"))
+
+    def record(self, path: tuple[str, ...], strings: list[str] | None) -> None:
+        """Branches at one path that disagree leave its items free (only exact repeats are
+        refused), so no branch's valid item is refused for another's enum."""
+        if path in self.found and self.found[path] != strings:
+            strings = None
+        self.found[path] = strings
+
+
+def _is_string_schema(root: dict[str, Any], node: dict[str, Any]) -> bool:
+    return _resolve_once(root, node).get("type") == "string"
+
+
+def _enum_strings(root: dict[str, Any], node: dict[str, Any]) -> list[str] | None:
+    """A string schema's ``enum`` strings; ``None`` when it has none (free strings)."""
+    enum = _resolve_once(root, node).get("enum")
+    return [value for value in enum if isinstance(value, str)] if isinstance(enum, list) else None
+
+
+def _resolve_once(root: dict[str, Any], node: dict[str, Any]) -> dict[str, Any]:
+    reference = node.get("$ref")
+    if isinstance(reference, str) and reference.startswith("#/"):
+        resolved: dict[str, Any] = _resolve(root, reference)
+        return resolved
+    return node
+
+
+def _resolve(root: dict[str, Any], reference: str) -> Any:
+    node: Any = root
+    for part in reference[2:].split("/"):
+        part = part.replace("~1", "/").replace("~0", "~")
+        node = node.get(part) if isinstance(node, dict) else None
+    return node if isinstance(node, dict) else {}
