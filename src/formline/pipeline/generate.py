@@ -115,13 +115,10 @@ class Result:
         (:func:`~formline.pipeline.grounding.copied_confidence`). Costs one pass over the
         prompt per string leaf."""
         values = self.data if isinstance(self.data, dict) else {}
-        if self.verbatim:
-            return {
-                name: copied_confidence(values.get(name), probability)
-                for name, probability in self.model_confidence.items()
-            }
         return {
-            name: field_confidence(values.get(name), self.source, probability)
+            name: copied_confidence(values.get(name), probability)
+            if self.verbatim
+            else field_confidence(values.get(name), self.source, probability)
             for name, probability in self.model_confidence.items()
         }
 

@@ -222,8 +222,9 @@ def copied_confidence(value: Any, probability: float) -> float:
     """How likely a value copied from the source (``verbatim``) is right: the lower of the
     model's ``probability`` and its :func:`value_shape_share`. Whether it is found in the
     source no longer tells anything there (every value is); a run-on span does. On the 72
-    extraction-dev tasks: AUROC 0.78-0.80 against 0.75-0.80 for the probability alone (the
-    rule was chosen on those same tasks: there is no held-out set)."""
+    extraction-dev tasks: AUROC 0.77 and 0.81 against 0.75 and 0.79 for the probability
+    alone (docs/results/verbatim/; the rule was chosen on those same tasks: there is no
+    held-out set)."""
     shape = value_shape_share(value)
     return probability if shape is None else min(probability, shape)
 

@@ -41,8 +41,9 @@ MAX_SPANS = 4000  # about 500 words of source; past that, longer spans are dropp
 EDGE_PUNCTUATION = " \t\n,.;:!?()[]{}\"'“”‘’«»"
 MAX_SCALE_STEPS = 10  # 1-10, 0-10, 1-5: a rating (see _is_scale)
 KEY_SEPARATORS = r"[=:]"  # inside a word: "uid=u_2048", "id:70921"
-RESTRICTING = ("enum", "const", "format", "pattern")
-MAX_SCHEMA_VISITS = 10_000  # distinct_arrays' walk; 2,295 MaskBench schemas need far fewer
+# distinct_arrays' walk: the 2,295 MaskBench schemas need 8 visits at the median; 4 need
+# more than this (JsonSchemaStore's theme.json, 657,187), and past it arrays are not tracked.
+MAX_SCHEMA_VISITS = 10_000
 
 
 def source_spans(source: str, max_words: int = MAX_SPAN_WORDS) -> list[str]:
@@ -97,27 +98,33 @@ def verbatim_schema(schema: Any, source: str) -> Any:
 
 
 def _narrow(node: dict[str, Any], values: SourceValues) -> dict[str, Any]:
-    if node.get("format") == "date" and not any(key in node for key in ("enum", "const")):
-        return _narrow_date(node, values.dates)
-    if any(keyword in node for keyword in RESTRICTING):
-        return node
     kinds = node.get("type")
     kinds = [kinds] if isinstance(kinds, str) else kinds
     if not isinstance(kinds, list) or not kinds:
         return node
     nullable = "null" in kinds
-    rest = [kind for kind in kinds if kind != "null"]
-    if rest == ["string"]:
-        candidates: list[Any] = [span for span in values.spans if _fits_length(node, span)]
-    elif rest == ["integer"] and _is_scale(node):
-        return node  # a rating the model gives, not a number the text states
-    elif rest in (["integer"], ["number"]):
-        candidates = _numbers_within(node, values.numbers, integer=rest == ["integer"])
-    else:
-        return node
+    candidates = _candidates(node, [kind for kind in kinds if kind != "null"], values)
     if not candidates:
         return node
     return {**node, "enum": [*candidates, None] if nullable else candidates}
+
+
+def _candidates(node: dict[str, Any], kinds: list[str], values: SourceValues) -> list[Any]:
+    """What a subschema of these (non-null) ``kinds`` may be narrowed to; ``[]``: leave it.
+    A date's own ``pattern`` says how it is written (maybe not ISO): left as it is."""
+    if any(keyword in node for keyword in ("enum", "const", "pattern")):
+        return []
+    if kinds == ["string"] and node.get("format") == "date":
+        return values.dates
+    if "format" in node:
+        return []
+    if kinds == ["string"]:
+        return [span for span in values.spans if _fits_length(node, span)]
+    if kinds == ["integer"] and _is_scale(node):
+        return []  # a rating the model gives, not a number the text states
+    if kinds in (["integer"], ["number"]):
+        return _numbers_within(node, values.numbers, integer=kinds == ["integer"])
+    return []
 
 
 def _is_scale(node: dict[str, Any]) -> bool:
@@ -137,18 +144,6 @@ def _bound(node: dict[str, Any], inclusive: str, exclusive: str, step: int) -> f
         if isinstance(bound, int | float) and not isinstance(bound, bool):
             return bound + shift
     return None
-
-
-def _narrow_date(node: dict[str, Any], dates: list[str]) -> dict[str, Any]:
-    """A date string narrowed to the source's dates; one with a ``pattern`` of its own is
-    left as it is (the pattern says how the date is written, and may not be ISO)."""
-    kinds = node.get("type")
-    if "pattern" in node or not dates:
-        return node
-    if kinds not in ("string", ["string"], ["string", "null"], ["null", "string"]):
-        return node
-    nullable = isinstance(kinds, list) and "null" in kinds
-    return {**node, "enum": [*dates, None] if nullable else dates}
 
 
 def _fits_length(node: dict[str, Any], span: str) -> bool:
