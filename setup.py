@@ -14,6 +14,7 @@ KERNEL = Extension(
     include_dirs=["src/formline/native"],
     depends=[
         "src/formline/native/batch.hpp",
+        "src/formline/native/pool.hpp",
         "src/formline/native/dfa.hpp",
         "src/formline/native/kernel.hpp",
         "src/formline/native/hopcroft.hpp",

@@ -10,7 +10,9 @@ repeat (untimed; the compiler's caches are cleared, the vocabulary's token table
 per-vocabulary tables stay, as in MaskBench and as the peers keep their tokenizer info), so the
 fill computes each state's mask (the native trie walks); "hot"
 repeats the fill on the same matchers, so it is cached lookups and row copies. XGrammar's
-``BatchGrammarMatcher`` runs the same rows with ``max_threads`` 1 and 2 in the same run.
+``BatchGrammarMatcher`` runs the same rows with ``max_threads`` 1 and 2 in the same run. The
+repeats alternate one thread and two (these VMs drift by 2x between runs, so the two were
+measured minutes apart before: 1.03x, 1.38x and 1.78x in three runs of one build).
 Writes ``bench/results/batch.md``.
 """
 
@@ -30,6 +32,7 @@ from formline.vocab import Vocabulary
 from formline.vocab.fixtures import fixture_path
 
 ROOT = Path(__file__).resolve().parents[1]
+THREADS = (1, 2)
 SCHEMA = {
     "type": "object",
     "properties": {
@@ -71,28 +74,23 @@ def formline_rows(compiler: GrammarCompiler, tokens: list[int], rows: int) -> li
 def time_formline(
     vocabulary: Vocabulary, tokens: list[int], rows: int, repeats: int
 ) -> dict[str, float]:
-    results: dict[str, float] = {}
     bitmask = allocate_token_bitmask(rows, vocabulary.size)
     compiler = GrammarCompiler(vocabulary, disk_cache=False)
     warm = formline_rows(compiler, tokens, rows)  # the token table's per-vocabulary tables
     BatchGrammarMatcher(max_threads=1).batch_fill_next_token_bitmask(warm, bitmask)
-    for threads in (1, 2):
-        batch = BatchGrammarMatcher(max_threads=threads)
-        cold: list[float] = []
-        hot: list[float] = []
-        for _ in range(repeats):
+    batches = {threads: BatchGrammarMatcher(max_threads=threads) for threads in THREADS}
+    times: dict[str, list[float]] = {f"{kind}_{t}": [] for kind in ("cold", "hot") for t in THREADS}
+    for _ in range(repeats):
+        for threads, batch in batches.items():  # interleaved: a slow spell hits both alike
             compiler.clear_cache()  # a new schema's states; the vocabulary's tables stay
             matchers = formline_rows(compiler, tokens, rows)
             started = time.perf_counter()
             batch.batch_fill_next_token_bitmask(matchers, bitmask)
-            cold.append(time.perf_counter() - started)
+            times[f"cold_{threads}"].append(time.perf_counter() - started)
             started = time.perf_counter()
             batch.batch_fill_next_token_bitmask(matchers, bitmask)
-            hot.append(time.perf_counter() - started)
-        batch.close()
-        results[f"cold_{threads}"] = 1000 * statistics.median(cold)
-        results[f"hot_{threads}"] = 1000 * statistics.median(hot)
-    return results
+            times[f"hot_{threads}"].append(time.perf_counter() - started)
+    return {name: 1000 * statistics.median(values) for name, values in times.items()}
 
 
 def time_xgrammar(path: Path, tokens: list[int], rows: int, repeats: int) -> dict[str, float] | str:
@@ -102,13 +100,11 @@ def time_xgrammar(path: Path, tokens: list[int], rows: int, repeats: int) -> dic
         return f"not installed ({error})"
     tokenizer, _ = load_tokenizer(path)
     info = xgrammar.TokenizerInfo.from_huggingface(tokenizer)
-    results: dict[str, float] = {}
     bitmask = xgrammar.allocate_token_bitmask(rows, info.vocab_size)
-    for threads in (1, 2):
-        batch = xgrammar.BatchGrammarMatcher(max_threads=threads)
-        cold: list[float] = []
-        hot: list[float] = []
-        for _ in range(repeats):
+    batches = {threads: xgrammar.BatchGrammarMatcher(max_threads=threads) for threads in THREADS}
+    times: dict[str, list[float]] = {f"{kind}_{t}": [] for kind in ("cold", "hot") for t in THREADS}
+    for _ in range(repeats):
+        for threads, batch in batches.items():
             compiler = xgrammar.GrammarCompiler(info, max_threads=1, cache_enabled=False)
             compiled = compiler.compile_json_schema(
                 json.dumps(SCHEMA), any_whitespace=False, separators=(",", ":")
@@ -121,13 +117,11 @@ def time_xgrammar(path: Path, tokens: list[int], rows: int, repeats: int) -> dic
                 matchers.append(matcher)
             started = time.perf_counter()
             batch.batch_fill_next_token_bitmask(matchers, bitmask)
-            cold.append(time.perf_counter() - started)
+            times[f"cold_{threads}"].append(time.perf_counter() - started)
             started = time.perf_counter()
             batch.batch_fill_next_token_bitmask(matchers, bitmask)
-            hot.append(time.perf_counter() - started)
-        results[f"cold_{threads}"] = 1000 * statistics.median(cold)
-        results[f"hot_{threads}"] = 1000 * statistics.median(hot)
-    return results
+            times[f"hot_{threads}"].append(time.perf_counter() - started)
+    return {name: 1000 * statistics.median(values) for name, values in times.items()}
 
 
 def markdown(figures: dict[str, Any], arguments: argparse.Namespace) -> str:

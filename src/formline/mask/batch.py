@@ -19,7 +19,7 @@ import numpy as np
 from formline.mask.bitmask import words_for
 from formline.mask.compiled import CompiledGrammar
 from formline.mask.matcher import GrammarMatcher
-from formline.native import copy_masks, fill_masks
+from formline.native import copy_masks, fill_masks, prepare_helpers, release_helpers
 from formline.parser.pushdown import Stack
 
 
@@ -88,6 +88,19 @@ class BatchGrammarMatcher:
         """The masks of rows not cached, each distinct configuration filled once (64 rows of
         the batch benchmark hold 30), then cached. Costs the new states' walks and one fill
         per configuration, spread over the threads; under the GIL, about 2 µs a row."""
+        # Woken before the rows below are read, the helpers are running when the fill
+        # reaches them (a woken thread began 80-120 µs after its wake on a 2-core VM, about
+        # what 64 rows take here; see native/pool.hpp); released after it, they park.
+        threads = self.max_threads if len(matchers) > 1 else 1
+        prepare_helpers(threads)
+        try:
+            return self._fill_configurations(matchers, threads)
+        finally:
+            release_helpers()
+
+    def _fill_configurations(
+        self, matchers: Sequence[GrammarMatcher], threads: int
+    ) -> list[np.ndarray]:
         configurations: dict[tuple[int, frozenset[Stack], bool], np.ndarray] = {}
         owners: list[CompiledGrammar] = []
         per_row: list[np.ndarray] = []
@@ -106,7 +119,7 @@ class BatchGrammarMatcher:
             [key[1] for key in keys],
             [key[2] for key in keys],
             list(configurations.values()),
-            self.max_threads,
+            threads,
         )
         owners[0].check_status(status)  # the stack limit: the one error a fill returns
         for compiled, key in zip(owners, keys, strict=True):

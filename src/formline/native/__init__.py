@@ -21,7 +21,9 @@ from formline.native._kernel import (
     determinize,
     fill_masks,
     flatten_rules,
+    prepare_helpers,
     refine_partition,
+    release_helpers,
     rule_references,
     trim_states,
 )
@@ -37,7 +39,9 @@ __all__ = [
     "determinize",
     "fill_masks",
     "flatten_rules",
+    "prepare_helpers",
     "refine_partition",
+    "release_helpers",
     "rule_references",
     "trim_states",
 ]

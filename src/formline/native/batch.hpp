@@ -4,8 +4,9 @@
 // every row handed the GIL back and forth between the threads. On 2 cores a 64-row cold fill
 // (30 states, 5 of them 0.3-0.4 ms string walks, 24 of 20-40 µs) took 2.1 ms on one thread
 // and 2.2-2.3 ms on two: the short walks' GIL hand-offs ate the second core. Here the threads
-// take work from one queue and never touch Python objects; a helper thread began its first
-// walk 35-60 µs after the call began (traced), a Python pool's submit cost 82 µs.
+// take work from one queue and never touch Python objects. The helpers are the process's
+// kept threads (pool.hpp), woken before the batch's Python part: a thread made per fill, or
+// woken only here, began its first walk 180-250 µs into a 1.2 ms fill (traced).
 #pragma once
 
 #include <algorithm>
@@ -20,6 +21,7 @@
 #include <vector>
 
 #include "kernel.hpp"
+#include "pool.hpp"
 
 namespace formline {
 
@@ -45,11 +47,10 @@ class BatchFill {
   int run(int threads) {
     queue_walks();
     const int extra = std::max(0, std::min(threads, static_cast<int>(work_count())) - 1);
-    std::vector<std::thread> helpers;
-    helpers.reserve(static_cast<size_t>(extra));
-    for (int k = 0; k < extra; ++k) helpers.emplace_back([this] { guarded_work(); });
-    guarded_work();
-    for (auto& helper : helpers) helper.join();
+    if (extra == 0)
+      guarded_work();
+    else
+      HelperPool::shared().run(extra, [this] { guarded_work(); });
     if (failure_) std::rethrow_exception(failure_);
     return status_.load();
   }

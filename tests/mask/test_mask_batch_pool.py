@@ -1,0 +1,112 @@
+"""The batch fill's kept helper threads (``native/pool.hpp``): masks equal one matcher at a
+time whether the pool is free, busy with another thread's batch, prepared and never used, or
+inherited by a forked child that has none of its threads."""
+
+from __future__ import annotations
+
+import multiprocessing
+import threading
+from typing import Any
+
+import numpy as np
+import pytest
+
+from formline import GrammarCompiler
+from formline.mask import BatchGrammarMatcher, allocate_token_bitmask
+from formline.native import prepare_helpers, release_helpers
+
+SCHEMA = {
+    "type": "object",
+    "properties": {
+        "name": {"type": "string"},
+        "tags": {"type": "array", "items": {"type": "string"}},
+        "age": {"type": "integer", "minimum": 0},
+        "city": {"type": "string", "maxLength": 12},
+    },
+    "required": ["name", "city", "age", "tags"],
+}
+INSTANCE = '{"name":"Ada Lovelace","tags":["math","poetry"],"age":36,"city":"London"}'
+
+
+def rows_of_a_fresh_compile(vocabulary: Any, count: int = 32) -> list[Any]:
+    """``count`` matchers along the instance (a new compile: every state walks again)."""
+    compiled = GrammarCompiler(vocabulary, disk_cache=False).compile_json_schema(SCHEMA)
+    matchers = []
+    for row in range(count):
+        matcher = compiled.matcher()
+        assert matcher.accept_string(INSTANCE[: row * len(INSTANCE) // count])
+        matchers.append(matcher)
+    return matchers
+
+
+def single_fills(vocabulary: Any, count: int = 32) -> np.ndarray:
+    """Each row's mask from a matcher of its own compile, filled alone."""
+    expected = allocate_token_bitmask(count, vocabulary.size)
+    for row, matcher in enumerate(rows_of_a_fresh_compile(vocabulary, count)):
+        matcher.fill_next_token_bitmask(expected, row)
+    return expected
+
+
+def batch_fill(vocabulary: Any, threads: int, count: int = 32) -> np.ndarray:
+    bitmask = allocate_token_bitmask(count, vocabulary.size)
+    matchers = rows_of_a_fresh_compile(vocabulary, count)
+    BatchGrammarMatcher(max_threads=threads).batch_fill_next_token_bitmask(matchers, bitmask)
+    return bitmask
+
+
+def test_batches_from_two_threads_at_once_equal_single_fills(smollm2_vocab: Any) -> None:
+    # One batch holds the pool; the other, finding it busy, runs on threads of its own.
+    expected = single_fills(smollm2_vocab)
+    results: list[np.ndarray] = []
+    errors: list[BaseException] = []
+
+    def fill_many() -> None:
+        try:
+            for _ in range(6):
+                results.append(batch_fill(smollm2_vocab, threads=2))
+        except BaseException as error:  # reported below, not lost in the thread
+            errors.append(error)
+
+    workers = [threading.Thread(target=fill_many) for _ in range(2)]
+    for worker in workers:
+        worker.start()
+    for worker in workers:
+        worker.join(timeout=120)
+    assert not errors, errors
+    assert len(results) == 12
+    for result in results:
+        np.testing.assert_array_equal(result, expected)
+
+
+def test_prepared_helpers_that_get_no_work_park_and_come_back(smollm2_vocab: Any) -> None:
+    expected = single_fills(smollm2_vocab)
+    prepare_helpers(2)  # woken, then released without a job
+    release_helpers()
+    prepare_helpers(2)  # woken and left to give up spinning on their own (2 ms)
+    threading.Event().wait(0.01)
+    prepare_helpers(1)  # one thread: nothing to wake
+    np.testing.assert_array_equal(batch_fill(smollm2_vocab, threads=2), expected)
+    np.testing.assert_array_equal(batch_fill(smollm2_vocab, threads=3), expected)
+
+
+def _fill_in_child(vocabulary: Any, queue: Any) -> None:
+    queue.put(batch_fill(vocabulary, threads=2).tobytes())
+
+
+def test_a_forked_child_fills_with_threads_of_its_own(smollm2_vocab: Any) -> None:
+    # The parent's pool has threads; the forked child has none of them and must make its own
+    # (a child that waited on the parent's would hang).
+    if "fork" not in multiprocessing.get_all_start_methods():
+        pytest.skip("this platform has no fork()")
+    expected = single_fills(smollm2_vocab)
+    np.testing.assert_array_equal(batch_fill(smollm2_vocab, threads=2), expected)
+    context = multiprocessing.get_context("fork")
+    queue = context.Queue()
+    child = context.Process(target=_fill_in_child, args=(smollm2_vocab, queue))
+    child.start()
+    filled = queue.get(timeout=120)
+    child.join(timeout=30)
+    assert child.exitcode == 0
+    np.testing.assert_array_equal(
+        np.frombuffer(filled, dtype=np.int32).reshape(expected.shape), expected
+    )
