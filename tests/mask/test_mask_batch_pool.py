@@ -81,10 +81,13 @@ def test_batches_from_two_threads_at_once_equal_single_fills(smollm2_vocab: Any)
 def test_prepared_helpers_that_get_no_work_park_and_come_back(smollm2_vocab: Any) -> None:
     expected = single_fills(smollm2_vocab)
     prepare_helpers(2)  # woken, then released without a job
-    release_helpers()
+    release_helpers(2)
     prepare_helpers(2)  # woken and left to give up spinning on their own (2 ms)
     threading.Event().wait(0.01)
-    prepare_helpers(1)  # one thread: nothing to wake
+    np.testing.assert_array_equal(batch_fill(smollm2_vocab, threads=2), expected)
+    release_helpers(2)
+    prepare_helpers(1)  # one thread: nothing to wake, nothing to release
+    release_helpers(1)
     np.testing.assert_array_equal(batch_fill(smollm2_vocab, threads=2), expected)
     np.testing.assert_array_equal(batch_fill(smollm2_vocab, threads=3), expected)
 

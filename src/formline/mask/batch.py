@@ -96,7 +96,7 @@ class BatchGrammarMatcher:
         try:
             return self._fill_configurations(matchers, threads)
         finally:
-            release_helpers()
+            release_helpers(threads)
 
     def _fill_configurations(
         self, matchers: Sequence[GrammarMatcher], threads: int

@@ -736,9 +736,11 @@ def prepare_helpers(int threads):
             HelperPool.shared().prepare(threads - 1)
 
 
-def release_helpers():
-    """Let the helpers that :func:`prepare_helpers` woke park once idle. Costs a store."""
-    HelperPool.shared().release()
+def release_helpers(int threads):
+    """Undo :func:`prepare_helpers` with the same ``threads``: once no batch holds them, the
+    helpers park when idle. Costs an atomic add."""
+    if threads > 1:
+        HelperPool.shared().release()
 
 
 def copy_masks(list sources, int32_t[:, ::1] bitmask, const int64_t[::1] rows):

@@ -227,7 +227,19 @@ class MaskKernel {
       walking_.insert(state);
       if (shape != 0) walking_shapes_[shape].push_back(state);
     }
-    auto result = walk_state(state, shape, status);
+    std::shared_ptr<const StateData> result;
+    try {
+      result = walk_state(state, shape, status);
+    } catch (...) {  // out of memory: a waiter must not wait for this walk for ever
+      finish_walking(state, shape);
+      throw;
+    }
+    finish_walking(state, shape);
+    return result;
+  }
+
+  // `state`'s walk ended (done, refused or thrown): its waiters and its mates go on.
+  void finish_walking(int32_t state, uint64_t shape) {
     {
       std::lock_guard<std::mutex> guard(mutex_);
       walking_.erase(state);
@@ -238,7 +250,6 @@ class MaskKernel {
       }
     }
     walked_.notify_all();
-    return result;
   }
 
   // The row shape that groups `state` with the states whose walks it may reuse (0: none).

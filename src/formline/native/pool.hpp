@@ -26,12 +26,14 @@
 #include <sched.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
 #include <cstdint>
 #include <functional>
 #include <mutex>
+#include <system_error>
 #include <thread>
 #include <vector>
 
@@ -40,52 +42,59 @@ namespace formline {
 class HelperPool {
  public:
   // The process's pool (made on first use, never destroyed: parked threads end with the
-  // process, and a destructor at exit would wait on them).
+  // process, and a destructor at exit would wait on them). No lock: a fork() while another
+  // thread held one here would leave the child waiting on it.
   static HelperPool& shared() {
-    static HelperPool* pool = nullptr;
-    static pid_t owner = 0;
-    static std::mutex made;
-    std::lock_guard<std::mutex> guard(made);
-    if (pool == nullptr || owner != getpid()) {
-      pool = new HelperPool();  // a forked child's old pool is left as it is (see above)
-      owner = getpid();
-    }
-    return *pool;
+    static std::atomic<HelperPool*> pool{nullptr};
+    static std::atomic<pid_t> owner{0};
+    const pid_t self = getpid();
+    HelperPool* current = pool.load(std::memory_order_acquire);
+    if (current != nullptr && owner.load(std::memory_order_acquire) == self) return *current;
+    // None yet, or a forked child's (the parent's is left as it is, see above). Two threads
+    // racing here both make one (no thread starts until `prepare`); the loser's is dropped.
+    // The owner is stored first: a thread that saw the new pool under the old owner would
+    // replace it.
+    owner.store(self, std::memory_order_release);
+    auto* made = new HelperPool();
+    if (pool.compare_exchange_strong(current, made, std::memory_order_acq_rel)) return *made;
+    delete made;
+    return *current;
   }
 
-  // Wakes `helpers` threads (made if missing) to spin until `run` or kSpinMicroseconds,
-  // off the calling thread's CPU. Costs a futex wake, and an affinity call per helper when
-  // the caller's CPU changed since the last call.
+  // Wakes `helpers` threads (made if missing; at most one fewer than the CPUs this process
+  // may use) to spin until `release` or kSpinMicroseconds without work, off the calling
+  // thread's CPU. Costs a futex wake, and an affinity call per helper when the caller's CPU
+  // changed since the last call.
   void prepare(int helpers) {
-    {
-      std::lock_guard<std::mutex> guard(mutex_);
-      grow(helpers);
-      keep_off_cpu(sched_getcpu());
-      ++wakes_;
-      held_.store(true, std::memory_order_release);
-    }
-    // Outside the lock: a helper woken under it went straight back to sleep on the mutex,
-    // and that second wake cost as much as the first.
-    wake_.notify_all();
+    holds_.fetch_add(1, std::memory_order_acq_rel);
+    wake(helpers);
   }
 
-  // Lets the prepared helpers park once they are idle (a batch call's end: they would
-  // otherwise spin on through the model's forward pass, up to kSpinMicroseconds).
-  void release() { held_.store(false, std::memory_order_release); }
+  // Undoes one `prepare`: once none is left, idle helpers park (a batch call's end: they
+  // would otherwise spin on through the model's forward pass, up to kSpinMicroseconds).
+  void release() { holds_.fetch_sub(1, std::memory_order_acq_rel); }
 
   // Runs `job` on the calling thread and on up to `helpers` other threads, and returns when
   // every thread that started it has returned. `job` must be safe to run on several threads
   // at once and must return once no work is left (a helper that arrives after the caller
   // found none left does not start it). Exceptions must not leave `job`.
   void run(int helpers, const std::function<void()>& job) {
+    helpers = std::min(helpers, helper_limit_);
+    if (helpers <= 0) {
+      job();
+      return;
+    }
     std::unique_lock<std::mutex> busy(run_mutex_, std::try_to_lock);
     if (!busy.owns_lock()) {  // another batch holds the pool: threads of our own
       run_unpooled(helpers, job);
       return;
     }
-    const bool held = held_.load(std::memory_order_acquire);
-    // Woken before the caller's Python work, they spin; one past its spin time has parked.
-    if (!held || spinning_.load(std::memory_order_acquire) < helpers) prepare(helpers);
+    const bool held = holds_.load(std::memory_order_acquire) > 0;
+    // Prepared before the caller's Python work, they spin; one past its spin time has parked.
+    if (!held)
+      prepare(helpers);
+    else if (spinning_.load(std::memory_order_acquire) < helpers)
+      wake(helpers);
     job_.store(&job, std::memory_order_relaxed);
     finished_.store(0, std::memory_order_relaxed);
     open_.store(helpers, std::memory_order_release);
@@ -101,16 +110,39 @@ class HelperPool {
   static constexpr int64_t kSpinMicroseconds = 2000;
   static constexpr int64_t kPreemptedMicroseconds = 50;
 
+  // The CPUs of the thread that first asks for the pool (Python's, in practice).
   HelperPool() {
     cpu_set_t allowed;
+    CPU_ZERO(&allowed_);
     if (sched_getaffinity(0, sizeof allowed, &allowed) == 0) allowed_ = allowed;
-    else CPU_ZERO(&allowed_);
+    const int cpus = CPU_COUNT(&allowed_) > 0 ? CPU_COUNT(&allowed_)
+                                              : static_cast<int>(std::thread::hardware_concurrency());
+    helper_limit_ = std::max(0, cpus - 1);
   }
 
+  void wake(int helpers) {
+    helpers = std::min(helpers, helper_limit_);
+    if (helpers <= 0) return;
+    {
+      std::lock_guard<std::mutex> guard(mutex_);
+      grow(helpers);
+      keep_off_cpu(sched_getcpu());
+      ++wakes_;
+    }
+    // Outside the lock: a helper woken under it went straight back to sleep on the mutex,
+    // and that second wake cost as much as the first.
+    wake_.notify_all();
+  }
+
+  // Threads of this call only. One that cannot be made (the process's thread limit) is
+  // done without: the job runs on those that were.
   static void run_unpooled(int helpers, const std::function<void()>& job) {
     std::vector<std::thread> threads;
     threads.reserve(static_cast<size_t>(helpers));
-    for (int k = 0; k < helpers; ++k) threads.emplace_back(job);
+    try {
+      for (int k = 0; k < helpers; ++k) threads.emplace_back(job);
+    } catch (const std::system_error&) {
+    }
     job();
     for (auto& thread : threads) thread.join();
   }
@@ -149,8 +181,8 @@ class HelperPool {
     }
   }
 
-  // Takes the jobs that come (a batch call has up to three: the cached rows' copies, the
-  // fills, the new rows' copies) until released, or kSpinMicroseconds without one.
+  // Takes the jobs that come until released, kSpinMicroseconds without one, or on finding
+  // it lost its CPU.
   void spin() {
     const auto budget = std::chrono::microseconds(kSpinMicroseconds);
     auto last = std::chrono::steady_clock::now();
@@ -161,7 +193,8 @@ class HelperPool {
         if (open_.compare_exchange_weak(open, open - 1, std::memory_order_acq_rel)) {
           (*job_.load(std::memory_order_relaxed))();
           finished_.fetch_add(1, std::memory_order_release);
-          deadline = std::chrono::steady_clock::now() + budget;
+          last = std::chrono::steady_clock::now();  // the job's time is no lost CPU
+          deadline = last + budget;
           open = 0;
         }
       }
@@ -170,7 +203,7 @@ class HelperPool {
         // A gap between two checks means this thread lost its CPU to another one, very
         // likely the caller it should help (moved here since `prepare`): spinning on
         // would take the caller's time (half of one run's 2-thread fills took 2 ms more).
-        if (!held_.load(std::memory_order_acquire) || now > deadline ||
+        if (holds_.load(std::memory_order_acquire) <= 0 || now > deadline ||
             now - last > std::chrono::microseconds(kPreemptedMicroseconds))
           return;
         last = now;
@@ -186,7 +219,8 @@ class HelperPool {
   int off_cpu_ = -1;
   cpu_set_t allowed_;
   std::atomic<const std::function<void()>*> job_{nullptr};
-  std::atomic<bool> held_{false};  // prepared and not released: idle helpers spin
+  int helper_limit_ = 0;           // one fewer than the CPUs
+  std::atomic<int> holds_{0};      // prepares not yet released: idle helpers spin
   std::atomic<int> spinning_{0};  // helpers awake, taking jobs
   std::atomic<int> open_{0};      // helpers the current job may still take
   std::atomic<int> finished_{0};  // helpers that took it and returned
