@@ -5,15 +5,15 @@ inherited by a forked child that has none of its threads."""
 from __future__ import annotations
 
 import multiprocessing
+import os
 import threading
 from typing import Any
 
 import numpy as np
-import pytest
 
 from formline import GrammarCompiler
 from formline.mask import BatchGrammarMatcher, allocate_token_bitmask
-from formline.native import prepare_helpers, release_helpers
+from formline.native import helper_threads, prepare_helpers, release_helpers
 
 SCHEMA = {
     "type": "object",
@@ -78,38 +78,57 @@ def test_batches_from_two_threads_at_once_equal_single_fills(smollm2_vocab: Any)
         np.testing.assert_array_equal(result, expected)
 
 
+def usable_cpus() -> int:
+    return len(os.sched_getaffinity(0))
+
+
 def test_prepared_helpers_that_get_no_work_park_and_come_back(smollm2_vocab: Any) -> None:
+    # Helpers woken and never handed work must not keep the next fill from finishing or from
+    # using them; the fill runs in a thread so that a hang fails here instead of stalling.
     expected = single_fills(smollm2_vocab)
     prepare_helpers(2)  # woken, then released without a job
     release_helpers(2)
     prepare_helpers(2)  # woken and left to give up spinning on their own (2 ms)
     threading.Event().wait(0.01)
-    np.testing.assert_array_equal(batch_fill(smollm2_vocab, threads=2), expected)
+    filled: list[np.ndarray] = []
+    worker = threading.Thread(target=lambda: filled.append(batch_fill(smollm2_vocab, 2)))
+    worker.start()
+    worker.join(timeout=60)
     release_helpers(2)
+    assert filled, "a 2-thread fill after unused helpers did not finish in 60 s"
+    np.testing.assert_array_equal(filled[0], expected)
     prepare_helpers(1)  # one thread: nothing to wake, nothing to release
     release_helpers(1)
-    np.testing.assert_array_equal(batch_fill(smollm2_vocab, threads=2), expected)
-    np.testing.assert_array_equal(batch_fill(smollm2_vocab, threads=3), expected)
+
+
+def test_helpers_are_at_most_one_fewer_than_the_cpus(smollm2_vocab: Any) -> None:
+    expected = single_fills(smollm2_vocab)
+    np.testing.assert_array_equal(batch_fill(smollm2_vocab, threads=usable_cpus() + 3), expected)
+    assert helper_threads() == usable_cpus() - 1
 
 
 def _fill_in_child(vocabulary: Any, queue: Any) -> None:
-    queue.put(batch_fill(vocabulary, threads=2).tobytes())
+    before = helper_threads()
+    filled = batch_fill(vocabulary, threads=2).tobytes()
+    queue.put((before, helper_threads(), filled))
 
 
 def test_a_forked_child_fills_with_threads_of_its_own(smollm2_vocab: Any) -> None:
     # The parent's pool has threads; the forked child has none of them and must make its own
-    # (a child that waited on the parent's would hang).
-    if "fork" not in multiprocessing.get_all_start_methods():
-        pytest.skip("this platform has no fork()")
+    # pool (one that counted the parent's helpers would hand work to threads that are not
+    # there, and a lock held by one of them at the fork would never be released).
     expected = single_fills(smollm2_vocab)
     np.testing.assert_array_equal(batch_fill(smollm2_vocab, threads=2), expected)
+    helpers = min(1, usable_cpus() - 1)
+    assert helper_threads() >= helpers
     context = multiprocessing.get_context("fork")
     queue = context.Queue()
     child = context.Process(target=_fill_in_child, args=(smollm2_vocab, queue))
     child.start()
-    filled = queue.get(timeout=120)
+    before, after, filled = queue.get(timeout=120)
     child.join(timeout=30)
     assert child.exitcode == 0
+    assert (before, after) == (0, helpers)
     np.testing.assert_array_equal(
         np.frombuffer(filled, dtype=np.int32).reshape(expected.shape), expected
     )

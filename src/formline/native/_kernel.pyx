@@ -73,6 +73,7 @@ cdef extern from "pool.hpp" namespace "formline" nogil:
         HelperPool& shared() except +
         void prepare(int helpers) except +
         void release()
+        int helper_count()
 
 
 cdef extern from "dfa.hpp" namespace "formline" nogil:
@@ -741,6 +742,12 @@ def release_helpers(int threads):
     helpers park when idle. Costs an atomic add."""
     if threads > 1:
         HelperPool.shared().release()
+
+
+def helper_threads():
+    """How many helper threads this process's batch pool has made: at most one fewer than
+    the CPUs it may use; none yet in a forked child, whatever its parent made."""
+    return HelperPool.shared().helper_count()
 
 
 def copy_masks(list sources, int32_t[:, ::1] bitmask, const int64_t[::1] rows):

@@ -16,7 +16,6 @@
 #include <exception>
 #include <mutex>
 #include <set>
-#include <thread>
 #include <utility>
 #include <vector>
 

@@ -70,6 +70,12 @@ class HelperPool {
     wake(helpers);
   }
 
+  // The helper threads this process's pool has made (they never end).
+  int helper_count() {
+    std::lock_guard<std::mutex> guard(mutex_);
+    return static_cast<int>(threads_.size());
+  }
+
   // Undoes one `prepare`: once none is left, idle helpers park (a batch call's end: they
   // would otherwise spin on through the model's forward pass, up to kSpinMicroseconds).
   void release() { holds_.fetch_sub(1, std::memory_order_acq_rel); }
