@@ -81,7 +81,7 @@ COST_ROWS: list[Row] = [
     ("mask time per token", lambda s: s.get("mask_ms_per_token"), _number(3, " ms")),
     ("mask share of the step", lambda s: s.get("mask_share"), _percent1),
     ("compile, cold", lambda s: _ms(s.get("compile_cold_seconds")), _number(1, " ms")),
-    ("compile, cached", lambda s: _ms(s.get("compile_cached_seconds")), _number(3, " ms")),
+    ("compile, memory hit", lambda s: _ms(s.get("compile_cached_seconds")), _number(3, " ms")),
     ("forward passes saved (jump-forward)", _saved, lambda v: "n/a" if v is None else v),
     ("repair attempts per task", lambda s: s.get("attempts_per_task"), _number(2)),
 ]
@@ -137,7 +137,7 @@ def markdown(results: dict[str, Any]) -> str:
         "completion tokens, prompt pass included; forward + mask: the decoding loop's own "
         "timings (ms). Repair: tokens and time summed over attempts; its loop does not report "
         "forward and mask times. Compile: mean per schema, cold with the caches off "
-        "(vocabulary token index included), cached a memory-cache hit.\n"
+        "(vocabulary token index included), memory hit the same compile again.\n"
     )
     return header + markdown_table(results) + notes
 

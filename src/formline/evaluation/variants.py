@@ -136,6 +136,10 @@ VARIANTS: dict[str, Variant] = {
             help="extract's instruction, values narrowed to the text's",
         ),
         Variant(
+            "generic+verbatim+think", whitespace=PRETTY, generic_instruction=True,
+            verbatim=True, think=THINK, help="extract's default, a free rationale first",
+        ),
+        Variant(
             "pretty+verbatim+evidence-first", whitespace=PRETTY, verbatim=True,
             order="evidence-first", help="values narrowed to the text's, free text first",
         ),
