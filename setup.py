@@ -13,6 +13,7 @@ KERNEL = Extension(
     sources=["src/formline/native/_kernel.pyx"],
     include_dirs=["src/formline/native"],
     depends=[
+        "src/formline/native/apply.hpp",
         "src/formline/native/batch.hpp",
         "src/formline/native/pool.hpp",
         "src/formline/native/dfa.hpp",

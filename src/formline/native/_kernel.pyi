@@ -109,3 +109,11 @@ def rule_references(
 def flatten_rules(
     roots: list[Any], rule_number: dict[str, int], classes: tuple[type, ...]
 ) -> tuple[bytes, bytes, bytes, bytes, bytes, bytes, bytes, list[int]]: ...
+def apply_bitmask(
+    logits: np.ndarray,
+    bitmask: np.ndarray,
+    logit_rows: np.ndarray,
+    mask_rows: np.ndarray,
+    width: int,
+    negative_infinity: int,
+) -> None: ...

@@ -3,7 +3,7 @@
 """Python binding of the C++ mask kernel (``kernel.hpp``): a vocabulary's token trie and one
 lazy mask kernel per compiled grammar. Every call that walks releases the GIL."""
 
-from libc.stdint cimport int8_t, int32_t, int64_t, uint8_t, uint32_t
+from libc.stdint cimport int8_t, int32_t, int64_t, uint8_t, uint16_t, uint32_t, uint64_t
 from cpython.bytes cimport PyBytes_FromStringAndSize
 from cpython.ref cimport Py_INCREF
 from cpython.tuple cimport PyTuple_New, PyTuple_SET_ITEM
@@ -65,6 +65,20 @@ cdef extern from "batch.hpp" namespace "formline" nogil:
     cdef cppclass BatchFill:
         void add(MaskKernel* kernel, vector[int32_t] flat, cpp_bool can_end, uint32_t* out)
         int run(int threads) except +
+
+
+cdef extern from "apply.hpp" namespace "formline" nogil:
+    void apply_bitmask_rows[Bits](
+        Bits* logits, int64_t vocabulary, const uint32_t* mask, int64_t words,
+        const int64_t* logit_rows, const int64_t* mask_rows, int64_t count, int64_t width,
+        Bits negative_infinity
+    )
+
+
+ctypedef fused logit_bits:
+    uint16_t
+    uint32_t
+    uint64_t
 
 
 cdef extern from "pool.hpp" namespace "formline" nogil:
@@ -779,3 +793,37 @@ def copy_masks(list sources, int32_t[:, ::1] bitmask, const int64_t[::1] rows):
                 bitmask[row, word] = 0
 
 
+
+
+def apply_bitmask(
+    logit_bits[:, ::1] logits,
+    const uint32_t[:, ::1] bitmask,
+    const int64_t[::1] logit_rows,
+    const int64_t[::1] mask_rows,
+    int64_t width,
+    logit_bits negative_infinity,
+):
+    """Set ``logits[logit_rows[k], t]`` to ``negative_infinity`` (the bit pattern of minus
+    infinity in the logits' float type, which ``logits`` holds as unsigned integers of its
+    width) for every token ``t`` that row ``mask_rows[k]`` of ``bitmask`` refuses, and for
+    every ``t`` at or past ``width`` (``apply.hpp``), without the GIL.
+
+    Raises:
+        ValueError: the row lists differ in length or name a row out of range.
+    Costs one pass over the selected rows' mask words plus a store per refused token."""
+    cdef Py_ssize_t count = logit_rows.shape[0], k
+    if mask_rows.shape[0] != count:
+        raise ValueError(f"{count} logit rows but {mask_rows.shape[0]} mask rows")
+    for k in range(count):
+        if not 0 <= logit_rows[k] < logits.shape[0]:
+            raise ValueError(f"row {logit_rows[k]} is outside the logits' {logits.shape[0]} rows")
+        if not 0 <= mask_rows[k] < bitmask.shape[0]:
+            raise ValueError(f"row {mask_rows[k]} is outside the bitmask's {bitmask.shape[0]} rows")
+    if count == 0 or logits.shape[1] == 0:
+        return
+    cdef const uint32_t* words = &bitmask[0, 0] if bitmask.shape[1] else NULL
+    with nogil:
+        apply_bitmask_rows(
+            &logits[0, 0], logits.shape[1], words, bitmask.shape[1], &logit_rows[0],
+            &mask_rows[0], count, width, negative_infinity,
+        )

@@ -1,0 +1,111 @@
+"""The native bitmask apply (``native/apply.hpp``) against the numpy reference, bit for bit:
+random masks, rows, widths and float types, numpy and torch, contiguous or not."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from formline.mask.bitmask import apply_token_bitmask_inplace, apply_token_bitmask_reference
+from formline.native import apply_bitmask
+
+NUMPY_TYPES = ("float16", "float32", "float64")
+TORCH_TYPES = ("float16", "bfloat16", "float32", "float64")
+
+
+@st.composite
+def cases(draw: Any) -> dict[str, Any]:
+    rows = draw(st.integers(1, 4))
+    vocab = draw(st.integers(1, 200))
+    words = draw(st.integers(0, (vocab + 31) // 32 + 2))  # short, exact or wide rows
+    mask_rows = draw(st.sampled_from([1, rows]))
+    # Words biased to all-ones and all-zeros (the kernel's fast paths) and mixed bits.
+    word = st.one_of(st.just(-1), st.just(0), st.integers(-(2**31), 2**31 - 1))
+    bitmask = np.array(
+        draw(st.lists(word, min_size=mask_rows * words, max_size=mask_rows * words)),
+        dtype=np.int32,
+    ).reshape(mask_rows, words)
+    vocabulary_size = draw(st.one_of(st.none(), st.integers(0, vocab + 40)))
+    chosen = draw(st.lists(st.integers(0, rows - 1), unique=True, max_size=rows))
+    indices = None if mask_rows != rows or draw(st.booleans()) else chosen
+    if mask_rows == 1 and rows > 1:
+        indices = chosen  # one mask row for several logits rows: only with indices
+    return {
+        "shape": (rows, vocab),
+        "bitmask": bitmask,
+        "vocabulary_size": vocabulary_size,
+        "indices": indices,
+        "seed": draw(st.integers(0, 2**16)),
+    }
+
+
+def refused_by_reference(case: dict[str, Any]) -> np.ndarray:
+    """Which logits the reference sets to minus infinity."""
+    zeros = np.zeros(case["shape"], dtype=np.float64)
+    apply_token_bitmask_reference(zeros, case["bitmask"], case["vocabulary_size"], case["indices"])
+    return np.isneginf(zeros)
+
+
+def check(result: np.ndarray, original: np.ndarray, refused: np.ndarray) -> None:
+    assert np.isneginf(result[refused]).all()
+    assert np.array_equal(result[~refused], original[~refused])
+
+
+@settings(max_examples=300, deadline=None)
+@given(case=cases(), float_name=st.sampled_from(NUMPY_TYPES))
+def test_numpy_apply_equals_the_reference(case: dict[str, Any], float_name: str) -> None:
+    original = np.random.default_rng(case["seed"]).normal(size=case["shape"]).astype(float_name)
+    logits = original.copy()
+    apply_token_bitmask_inplace(logits, case["bitmask"], case["vocabulary_size"], case["indices"])
+    check(logits, original, refused_by_reference(case))
+
+
+@settings(max_examples=200, deadline=None)
+@given(case=cases(), float_name=st.sampled_from(TORCH_TYPES), contiguous=st.booleans())
+def test_torch_apply_equals_the_reference(
+    case: dict[str, Any], float_name: str, contiguous: bool
+) -> None:
+    torch = pytest.importorskip("torch", reason="needs torch: pip install torch==2.13.0")
+    rows, vocab = case["shape"]
+    values = np.random.default_rng(case["seed"]).normal(size=(rows, vocab))
+    dtype = getattr(torch, float_name)
+    if contiguous:
+        logits = torch.from_numpy(values).to(dtype)
+    else:  # a strided view: the vectorised torch path, which must agree too
+        logits = torch.from_numpy(np.repeat(values, 2, axis=1)).to(dtype)[:, ::2]
+    original = logits.double().numpy().copy()
+    mask = torch.from_numpy(case["bitmask"])
+    apply_token_bitmask_inplace(logits, mask, case["vocabulary_size"], case["indices"])
+    check(logits.double().numpy(), original, refused_by_reference(case))
+
+
+def test_a_strided_numpy_row_takes_the_reference_path() -> None:
+    bitmask = np.array([[0b1010]], dtype=np.int32)
+    wide = np.zeros((1, 8), dtype=np.float32)
+    apply_token_bitmask_inplace(wide[:, ::2], bitmask)
+    # Elements 0, 2, 4, 6 are tokens 0-3; mask 0b1010 refuses tokens 0 and 2.
+    assert np.isfinite(wide[0]).tolist() == [False, True, True, True, False, True, True, True]
+
+
+def test_a_one_dimensional_row_and_logits_past_the_bitmask() -> None:
+    logits = np.zeros(70, dtype=np.float32)
+    apply_token_bitmask_inplace(logits, np.array([-1, 1], dtype=np.int32))
+    assert np.isfinite(logits).nonzero()[0].tolist() == [*range(32), 32]
+
+
+def test_rows_out_of_range_are_named() -> None:
+    logits = np.zeros((2, 40), dtype=np.float32)
+    bitmask = np.full((2, 2), -1, dtype=np.int32)
+    with pytest.raises(ValueError, match="row 5 is outside the logits' 2 rows"):
+        apply_token_bitmask_inplace(logits, bitmask, indices=[5])
+    with pytest.raises(ValueError, match="logits have 2 rows but the bitmask has 1"):
+        apply_token_bitmask_inplace(logits, bitmask[:1])
+    rows = np.array([0], dtype=np.int64)
+    with pytest.raises(ValueError, match="row 3 is outside the bitmask's 2 rows"):
+        apply_bitmask(
+            logits.view(np.uint32), bitmask.view(np.uint32), rows, rows + 3, 40, 0xFF800000
+        )
