@@ -541,20 +541,22 @@ class MaskKernel {
     std::vector<int32_t> members, position(reached.size(), -1);
     for (size_t k = 0; k < reached.size(); ++k)  // discovery order: one piece, one table
       if (back[k]) position[k] = static_cast<int32_t>(members.size()), members.push_back(reached[k]);
-    for (int32_t member : reached) index[member] = -1;
-    if (members.size() > static_cast<size_t>(TokenTable::kPieceStates)) return members;
-    piece.assign(members.size() * 256, -1);
-    for (size_t k = 0; k < reached.size(); ++k) {
-      if (position[k] < 0) continue;
-      const int32_t* row = automaton_.transitions + static_cast<int64_t>(reached[k]) * 256;
-      for (int byte = 0; byte < 256; ++byte) {
-        const int32_t next = row[byte];
-        if (next < 0 || automaton_.special[next]) continue;
-        const auto at = std::find(reached.begin(), reached.end(), next);
-        if (at != reached.end() && position[at - reached.begin()] >= 0)
-          piece[position[k] * 256 + byte] = static_cast<int8_t>(position[at - reached.begin()]);
+    if (members.size() <= static_cast<size_t>(TokenTable::kPieceStates)) {
+      piece.assign(members.size() * 256, -1);
+      for (size_t k = 0; k < reached.size(); ++k) {
+        if (position[k] < 0) continue;
+        const int32_t* row = automaton_.transitions + static_cast<int64_t>(reached[k]) * 256;
+        for (int byte = 0; byte < 256; ++byte) {
+          const int32_t next = row[byte];
+          // `index` still maps a reached state to its place (a search of `reached` per
+          // byte was half of a median MaskBench schema's kernel setup).
+          if (next < 0 || automaton_.special[next] || index[next] < 0) continue;
+          if (position[index[next]] >= 0)
+            piece[position[k] * 256 + byte] = static_cast<int8_t>(position[index[next]]);
+        }
       }
     }
+    for (int32_t member : reached) index[member] = -1;
     return members;
   }
 
