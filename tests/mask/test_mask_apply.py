@@ -22,7 +22,7 @@ def cases(draw: Any) -> dict[str, Any]:
     rows = draw(st.integers(1, 4))
     vocab = draw(st.integers(1, 200))
     words = draw(st.integers(0, (vocab + 31) // 32 + 2))  # short, exact or wide rows
-    mask_rows = draw(st.sampled_from([1, rows]))
+    mask_rows = draw(st.sampled_from([1, rows, rows + 2]))
     # Words biased to all-ones and all-zeros (the kernel's fast paths) and mixed bits.
     word = st.one_of(st.just(-1), st.just(0), st.integers(-(2**31), 2**31 - 1))
     bitmask = np.array(
@@ -31,9 +31,9 @@ def cases(draw: Any) -> dict[str, Any]:
     ).reshape(mask_rows, words)
     vocabulary_size = draw(st.one_of(st.none(), st.integers(0, vocab + 40)))
     chosen = draw(st.lists(st.integers(0, rows - 1), unique=True, max_size=rows))
-    indices = None if mask_rows != rows or draw(st.booleans()) else chosen
-    if mask_rows == 1 and rows > 1:
-        indices = chosen  # one mask row for several logits rows: only with indices
+    indices = None if mask_rows == rows and draw(st.booleans()) else chosen
+    if mask_rows == rows == 1 and indices == []:
+        indices = None
     return {
         "shape": (rows, vocab),
         "bitmask": bitmask,
@@ -106,6 +106,61 @@ def test_rows_out_of_range_are_named() -> None:
         apply_token_bitmask_inplace(logits, bitmask[:1])
     rows = np.array([0], dtype=np.int64)
     with pytest.raises(ValueError, match="row 3 is outside the bitmask's 2 rows"):
-        apply_bitmask(
+        apply_bitmask(  # the kernel's own check
             logits.view(np.uint32), bitmask.view(np.uint32), rows, rows + 3, 40, 0xFF800000
         )
+
+
+@pytest.mark.parametrize("path", ["native", "reference", "torch"])
+def test_every_path_refuses_bad_arguments_alike(path: str) -> None:
+    """The native, reference and torch paths share one check: the same error for the same
+    mistake (before, the reference wrapped a negative row and sliced a negative width)."""
+
+    def apply(logits: np.ndarray, bitmask: np.ndarray, **options: Any) -> None:
+        if path == "reference":
+            apply_token_bitmask_reference(
+                logits, bitmask, options.get("vocabulary_size"), options.get("indices")
+            )
+        elif path == "torch":
+            torch = pytest.importorskip("torch", reason="needs torch: pip install torch==2.13.0")
+            strided = torch.from_numpy(np.repeat(logits, 2, axis=-1))[..., ::2]
+            apply_token_bitmask_inplace(strided, torch.from_numpy(bitmask), **options)
+        else:
+            apply_token_bitmask_inplace(logits, bitmask, **options)
+
+    logits = np.zeros((2, 40), dtype=np.float32)
+    bitmask = np.full((2, 2), -1, dtype=np.int32)
+    with pytest.raises(ValueError, match="row -1 is outside the logits' 2 rows"):
+        apply(logits, bitmask, indices=[-1])
+    with pytest.raises(ValueError, match="row 2 is outside the logits' 2 rows"):
+        apply(logits, bitmask, indices=[2])
+    with pytest.raises(ValueError, match="row 2 is outside the bitmask's 2 rows"):
+        apply(np.zeros((3, 40), dtype=np.float32), bitmask, indices=[2])
+    with pytest.raises(TypeError):
+        apply(logits, bitmask, indices=[1.7])
+    with pytest.raises(ValueError, match="vocabulary_size must not be negative"):
+        apply(logits, bitmask, vocabulary_size=-5)
+    with pytest.raises(ValueError, match="1 or 2 dimensions"):
+        apply(np.zeros((2, 2, 40), dtype=np.float32), bitmask)
+
+
+def test_big_endian_logits_get_minus_infinity() -> None:
+    logits = np.zeros((1, 40), dtype=">f4")
+    apply_token_bitmask_inplace(logits, np.array([[1, 0]], dtype=np.int32))
+    assert np.isneginf(logits[0, 1:]).all() and logits[0, 0] == 0
+
+
+def test_a_tensor_autograd_tracks_is_masked_by_torch_ops() -> None:
+    """Writing behind autograd's back would give wrong gradients silently; torch's own
+    in-place ops make backward() refuse instead."""
+    torch = pytest.importorskip("torch", reason="needs torch: pip install torch==2.13.0")
+    weights = torch.ones(1, 40, requires_grad=True)
+    scores = weights.exp()  # exp saves its output for the gradient
+    apply_token_bitmask_inplace(scores, torch.tensor([[1, 0]], dtype=torch.int32))
+    assert torch.isneginf(scores[0, 1:]).all()
+    with pytest.raises(RuntimeError, match="modified by an inplace operation"):
+        scores.sum().backward()
+    with torch.no_grad():  # generation: no autograd, the native kernel
+        plain = torch.zeros(1, 40)
+        apply_token_bitmask_inplace(plain, torch.tensor([1, 0], dtype=torch.int32))
+    assert torch.isneginf(plain[0, 1:]).all() and plain[0, 0] == 0

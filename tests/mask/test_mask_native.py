@@ -229,6 +229,12 @@ def test_batch_fill_equals_one_matcher_at_a_time(smollm2_vocab) -> None:
         matcher.fill_next_token_bitmask(expected)
         np.testing.assert_array_equal(bitmask[row], expected[0])
     assert (bitmask[:6] == -1).all()
+    strided = np.repeat(np.array(rows, dtype=np.int64), 2)[::2]  # a view, not C-contiguous
+    again = allocate_token_bitmask(30, smollm2_vocab.size)
+    batch.batch_fill_next_token_bitmask(matchers, again, strided)  # every row cached now
+    np.testing.assert_array_equal(again, bitmask)
+    with pytest.raises(ValueError, match="outside the bitmask's 3 rows"):
+        batch.batch_fill_next_token_bitmask(matchers[:4], bitmask[:3])
     with pytest.raises(ValueError, match="indices"):
         batch.batch_fill_next_token_bitmask(matchers, bitmask, rows[:-1])
     with pytest.raises(ValueError, match="outside"):

@@ -8,6 +8,7 @@ GPU); torch is used only when the caller passes a tensor, never imported by form
 
 from __future__ import annotations
 
+import operator
 import sys
 from typing import Any
 
@@ -98,21 +99,26 @@ def apply_token_bitmask_inplace(
     ``logits`` is ``(vocab,)`` or ``(batch, vocab)``; ``bitmask`` is ``(words,)`` or
     ``(batch, words)``. Logits beyond the bitmask's coverage are disallowed; bitmask bits beyond
     the logits are ignored. ``indices`` selects the batch rows to mask (default: all); row ``i``
-    of the logits takes row ``i`` of the bitmask, as in XGrammar.
+    of the logits takes row ``i`` of the bitmask (row 0 of a one-row bitmask), as in XGrammar.
 
-    Contiguous float16, bfloat16, float32 or float64 logits in memory (numpy, or a CPU torch
-    tensor) go through the native kernel (``native/apply.hpp``): one pass over the mask's
-    words, 0.1-0.2 ms for 64 rows of 49k tokens (``python -m bench.apply_bench``). Other
-    tensors (a GPU's) take a vectorised torch path on their device; other numpy arrays,
+    Contiguous float16, bfloat16, float32 or float64 logits in the machine's byte order (numpy,
+    or a CPU torch tensor outside autograd) go through the native kernel
+    (``native/apply.hpp``): one pass over the mask's words, 0.1-0.2 ms for 64 rows of 49k
+    tokens (``python -m bench.apply_bench``). Other tensors (a GPU's, or one autograd tracks)
+    take a vectorised torch path on their device; other numpy arrays,
     :func:`apply_token_bitmask_reference`.
 
     Raises:
-        ValueError: the batch sizes of logits and bitmask disagree, or a row is out of range.
-        TypeError: ``logits`` is neither a numpy array nor a torch tensor.
+        ValueError: logits or bitmask not 1- or 2-dimensional, their rows disagree (without
+            ``indices``), a row of ``indices`` outside the logits or the bitmask, or a negative
+            ``vocabulary_size``.
+        TypeError: ``logits`` is neither a numpy array nor a torch tensor, or an index is not
+            an integer.
     Costs O(selected rows x words) plus a store per refused token.
     """
     if isinstance(logits, np.ndarray):
-        if logits.dtype.name in NEGATIVE_INFINITY_BITS and logits.flags.c_contiguous:
+        native = logits.dtype.name in NEGATIVE_INFINITY_BITS and logits.dtype.isnative
+        if native and logits.flags.c_contiguous:
             _apply_native(logits, logits.dtype.name, _to_numpy(bitmask), vocabulary_size, indices)
         else:
             apply_token_bitmask_reference(logits, np.asarray(bitmask), vocabulary_size, indices)
@@ -123,12 +129,25 @@ def apply_token_bitmask_inplace(
             f"logits must be a numpy array or a torch tensor, got {type(logits).__name__}"
         )
     name = str(logits.dtype).removeprefix("torch.")
-    if logits.device.type == "cpu" and name in NEGATIVE_INFINITY_BITS and logits.is_contiguous():
+    if (
+        logits.device.type == "cpu"
+        and name in NEGATIVE_INFINITY_BITS
+        and logits.is_contiguous()
+        and _is_outside_autograd(torch, logits)
+    ):
         integers = getattr(torch, _TORCH_INTEGER_OF_WIDTH[logits.element_size()])
-        view = logits.detach().view(integers).numpy()  # the same memory, as integers
+        view = logits.view(integers).numpy()  # the same memory, as integers
         _apply_native(view, name, _to_numpy(bitmask), vocabulary_size, indices)
         return
     _apply_torch(torch, logits, bitmask, vocabulary_size, indices)
+
+
+def _is_outside_autograd(torch: Any, logits: Any) -> bool:
+    """Whether writing ``logits`` behind torch's back is safe: an inference tensor, or one that
+    needs no gradient while gradients are off (as in vLLM's and transformers' generation).
+    Otherwise autograd may have saved it, and only torch's own in-place ops (which bump its
+    version) make a later ``backward()`` fail instead of computing wrong gradients."""
+    return bool(logits.is_inference()) or not (logits.requires_grad or torch.is_grad_enabled())
 
 
 def _apply_native(
@@ -140,37 +159,62 @@ def _apply_native(
 ) -> None:
     """The native kernel on a C-contiguous array holding ``float_name`` values."""
     kind, negative_infinity = NEGATIVE_INFINITY_BITS[float_name]
-    logits_2d = logits.reshape(1, -1) if logits.ndim == 1 else logits
-    mask_2d = bitmask.reshape(1, -1) if bitmask.ndim == 1 else bitmask
-    rows = np.asarray(_rows(logits_2d.shape[0], mask_2d.shape[0], indices), dtype=np.int64)
+    logits_2d, mask_2d, selected, width = _checked(logits, bitmask, vocabulary_size, indices)
+    rows = np.array(selected, dtype=np.int64)
     mask_rows = rows if mask_2d.shape[0] > 1 else np.zeros_like(rows)
     words = np.ascontiguousarray(mask_2d)
     if words.dtype != np.uint32:
         words = words.astype(np.int32, copy=False).view(np.uint32)
-    vocab = logits_2d.shape[1]
-    width = vocab if vocabulary_size is None else min(vocabulary_size, vocab)
     apply_bitmask(logits_2d.view(kind), words, rows, mask_rows, width, negative_infinity)
 
 
-def _rows(logits_2d_count: int, mask_rows: int, indices: list[int] | None) -> list[int]:
-    rows = list(range(logits_2d_count)) if indices is None else list(indices)
-    if indices is None and mask_rows != logits_2d_count:
-        raise ValueError(f"logits have {logits_2d_count} rows but the bitmask has {mask_rows}")
-    return rows
+def _checked(
+    logits: Any, bitmask: Any, vocabulary_size: int | None, indices: Any
+) -> tuple[Any, Any, list[int], int]:
+    """Logits and bitmask as 2-D, the selected rows and the width the bitmask may allow: one
+    check for the native, reference and torch paths, so that they refuse alike.
+
+    Raises:
+        ValueError, TypeError: see :func:`apply_token_bitmask_inplace`.
+    """
+    if logits.ndim not in (1, 2) or bitmask.ndim not in (1, 2):
+        raise ValueError(
+            f"logits and bitmask must have 1 or 2 dimensions, not shapes "
+            f"{tuple(logits.shape)} and {tuple(bitmask.shape)}"
+        )
+    logits_2d = logits.reshape(1, -1) if logits.ndim == 1 else logits
+    mask_2d = bitmask.reshape(1, -1) if bitmask.ndim == 1 else bitmask
+    count, mask_rows = logits_2d.shape[0], mask_2d.shape[0]
+    if indices is None:
+        if mask_rows != count:
+            raise ValueError(f"logits have {count} rows but the bitmask has {mask_rows}")
+        rows = list(range(count))
+    else:
+        rows = [operator.index(row) for row in indices]
+    for row in rows:
+        if not 0 <= row < count:
+            raise ValueError(f"row {row} is outside the logits' {count} rows")
+        if mask_rows > 1 and row >= mask_rows:
+            raise ValueError(f"row {row} is outside the bitmask's {mask_rows} rows")
+    if vocabulary_size is not None and vocabulary_size < 0:
+        raise ValueError(f"vocabulary_size must not be negative, got {vocabulary_size}")
+    vocab = logits_2d.shape[1]
+    width = vocab if vocabulary_size is None else min(vocabulary_size, vocab)
+    return logits_2d, mask_2d, rows, width
 
 
 def apply_token_bitmask_reference(
     logits: np.ndarray, bitmask: np.ndarray, vocabulary_size: int | None, indices: list[int] | None
 ) -> None:
     """:func:`apply_token_bitmask_inplace` on numpy, bit by bit (the differential tests' oracle,
-    and the path for arrays the kernel does not take: strided, integer). Costs four passes
-    and two temporaries per row (about 20 µs a row of 49k tokens)."""
-    logits_2d = logits.reshape(1, -1) if logits.ndim == 1 else logits
-    mask_2d = bitmask.reshape(1, -1) if bitmask.ndim == 1 else bitmask
-    width = (
-        logits_2d.shape[1] if vocabulary_size is None else min(vocabulary_size, logits_2d.shape[1])
-    )
-    for row in _rows(logits_2d.shape[0], mask_2d.shape[0], indices):
+    and the path for float arrays the kernel does not take: strided, or in the other byte
+    order). Costs four passes and two temporaries per row (about 20 µs a row of 49k tokens).
+
+    Raises:
+        ValueError, TypeError: see :func:`apply_token_bitmask_inplace`.
+    """
+    logits_2d, mask_2d, rows, width = _checked(logits, bitmask, vocabulary_size, indices)
+    for row in rows:
         mask_row = mask_2d[row if mask_2d.shape[0] > 1 else 0]
         flags = np.unpackbits(mask_row.astype("<i4", copy=False).view(np.uint8), bitorder="little")
         allowed = np.zeros(logits_2d.shape[1], dtype=bool)
@@ -183,18 +227,14 @@ def _apply_torch(
     torch: Any, logits: Any, bitmask: Any, vocabulary_size: int | None, indices: list[int] | None
 ) -> None:
     """All selected rows at once, on the logits' device (a vLLM batch masks tens of rows per
-    step)."""
-    logits_2d = logits.view(1, -1) if logits.dim() == 1 else logits
-    mask_rows = bitmask.shape[0] if bitmask.ndim == 2 else 1
-    rows = _rows(logits_2d.shape[0], mask_rows, indices)
+    step), with torch's in-place ops (autograd sees them)."""
+    if isinstance(bitmask, np.ndarray):
+        bitmask = torch.from_numpy(np.ascontiguousarray(bitmask))
+    logits_2d, mask_2d, rows, width = _checked(logits, bitmask, vocabulary_size, indices)
     if not rows:
         return
     vocab = logits_2d.shape[1]
-    width = vocab if vocabulary_size is None else min(vocabulary_size, vocab)
-    if isinstance(bitmask, np.ndarray):
-        bitmask = torch.from_numpy(np.ascontiguousarray(bitmask))
-    bitmask = bitmask.to(logits.device)
-    mask_2d = bitmask.view(1, -1) if bitmask.dim() == 1 else bitmask
+    mask_2d = mask_2d.to(logits.device)
     select = torch.tensor(rows, device=logits.device, dtype=torch.long)
     words = mask_2d[select] if mask_2d.shape[0] > 1 else mask_2d.expand(len(rows), -1)
     shifts = torch.arange(32, device=logits.device, dtype=torch.int32)
