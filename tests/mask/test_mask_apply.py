@@ -151,8 +151,9 @@ def test_big_endian_logits_get_minus_infinity() -> None:
 
 
 def test_a_tensor_autograd_tracks_is_masked_by_torch_ops() -> None:
-    """Writing behind autograd's back would give wrong gradients silently; torch's own
-    in-place ops make backward() refuse instead."""
+    """Writing behind autograd's back would give wrong gradients silently: a tensor that
+    needs a gradient is masked with torch's in-place ops, and one written natively has its
+    version bumped, so backward() refuses instead."""
     torch = pytest.importorskip("torch", reason="needs torch: pip install torch==2.13.0")
     weights = torch.ones(1, 40, requires_grad=True)
     scores = weights.exp()  # exp saves its output for the gradient
@@ -160,7 +161,9 @@ def test_a_tensor_autograd_tracks_is_masked_by_torch_ops() -> None:
     assert torch.isneginf(scores[0, 1:]).all()
     with pytest.raises(RuntimeError, match="modified by an inplace operation"):
         scores.sum().backward()
-    with torch.no_grad():  # generation: no autograd, the native kernel
-        plain = torch.zeros(1, 40)
-        apply_token_bitmask_inplace(plain, torch.tensor([1, 0], dtype=torch.int32))
-    assert torch.isneginf(plain[0, 1:]).all() and plain[0, 0] == 0
+    saved = torch.zeros(1, 40)  # needs no gradient (the native kernel) but is saved by mul
+    product = (weights * saved).sum()
+    apply_token_bitmask_inplace(saved, torch.tensor([1, 0], dtype=torch.int32))
+    assert torch.isneginf(saved[0, 1:]).all() and saved[0, 0] == 0
+    with pytest.raises(RuntimeError, match="modified by an inplace operation"):
+        product.backward()

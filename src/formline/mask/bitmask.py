@@ -102,9 +102,9 @@ def apply_token_bitmask_inplace(
     of the logits takes row ``i`` of the bitmask (row 0 of a one-row bitmask), as in XGrammar.
 
     Contiguous float16, bfloat16, float32 or float64 logits in the machine's byte order (numpy,
-    or a CPU torch tensor outside autograd) go through the native kernel
+    or a CPU torch tensor that needs no gradient) go through the native kernel
     (``native/apply.hpp``): one pass over the mask's words, 0.1-0.2 ms for 64 rows of 49k
-    tokens (``python -m bench.apply_bench``). Other tensors (a GPU's, or one autograd tracks)
+    tokens (``python -m bench.apply_bench``). Other tensors (a GPU's, or one that needs a gradient)
     take a vectorised torch path on their device; other numpy arrays,
     :func:`apply_token_bitmask_reference`.
 
@@ -133,21 +133,16 @@ def apply_token_bitmask_inplace(
         logits.device.type == "cpu"
         and name in NEGATIVE_INFINITY_BITS
         and logits.is_contiguous()
-        and _is_outside_autograd(torch, logits)
+        and not logits.requires_grad  # its in-place change must be in the graph: torch's ops
     ):
         integers = getattr(torch, _TORCH_INTEGER_OF_WIDTH[logits.element_size()])
         view = logits.view(integers).numpy()  # the same memory, as integers
         _apply_native(view, name, _to_numpy(bitmask), vocabulary_size, indices)
+        # Written behind torch's back: its version goes up as with torch's in-place ops, so a
+        # backward() that saved these logits refuses instead of computing wrong gradients.
+        torch.autograd.graph.increment_version(logits)
         return
     _apply_torch(torch, logits, bitmask, vocabulary_size, indices)
-
-
-def _is_outside_autograd(torch: Any, logits: Any) -> bool:
-    """Whether writing ``logits`` behind torch's back is safe: an inference tensor, or one that
-    needs no gradient while gradients are off (as in vLLM's and transformers' generation).
-    Otherwise autograd may have saved it, and only torch's own in-place ops (which bump its
-    version) make a later ``backward()`` fail instead of computing wrong gradients."""
-    return bool(logits.is_inference()) or not (logits.requires_grad or torch.is_grad_enabled())
 
 
 def _apply_native(
