@@ -103,9 +103,10 @@ def apply_token_bitmask_inplace(
 
     Contiguous float16, bfloat16, float32 or float64 logits in the machine's byte order (numpy,
     or a CPU torch tensor that needs no gradient) go through the native kernel
-    (``native/apply.hpp``): one pass over the mask's words, 0.1-0.2 ms for 64 rows of 49k
-    tokens (``python -m bench.apply_bench``). Other tensors (a GPU's, or one that needs a gradient)
-    take a vectorised torch path on their device; other numpy arrays,
+    (``native/apply.hpp``): one pass over the mask's words, 0.47-0.82 ms for 64 rows of 49k
+    tokens (``python -m bench.apply_bench``; llguidance 0.42-0.47 ms in the same run). Other
+    tensors (a GPU's, or one that needs a gradient) take a vectorised torch path on their
+    device (on the CPU about 11 ms for those 64 rows); other numpy arrays,
     :func:`apply_token_bitmask_reference`.
 
     Raises:

@@ -793,8 +793,6 @@ def copy_masks(list sources, int32_t[:, ::1] bitmask, const int64_t[::1] rows):
                 bitmask[row, word] = 0
 
 
-
-
 def apply_bitmask(
     logit_bits[:, ::1] logits,
     const uint32_t[:, ::1] bitmask,
