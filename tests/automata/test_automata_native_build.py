@@ -15,6 +15,7 @@ from formline.grammar.budget import CompileLimitError, Deadline
 from formline.grammar.ir import (
     ByteSet,
     Choice,
+    Except,
     Grammar,
     GrammarError,
     Literal,
@@ -86,6 +87,9 @@ def trees() -> st.SearchStrategy[Node]:
                 lambda case: Repeat(
                     case[0], case[1], None if case[2] is None else case[1] + case[2]
                 )
+            ),
+            st.tuples(inner, st.lists(st.binary(max_size=3), max_size=4)).map(
+                lambda case: Except(case[0], tuple(case[1]))
             ),
         ),
         max_leaves=8,

@@ -6,12 +6,14 @@ import numpy as np
 from formline.grammar.ir import (
     KIND_BYTE_SET,
     KIND_CHOICE,
+    KIND_EXCEPT,
     KIND_LITERAL,
     KIND_REFERENCE,
     KIND_REPEAT,
     KIND_SEQUENCE,
     ByteSet,
     Choice,
+    Except,
     FlatGrammar,
     GrammarError,
     Literal,
@@ -67,6 +69,8 @@ def flatten_reference(rules: dict[str, Node]) -> FlatGrammar:
                 if target is None:
                     raise GrammarError(f"rule {name!r} references undefined rule {node.name!r}")
                 key = (KIND_REFERENCE, target)
+            elif type(node) is Except:
+                key = (KIND_EXCEPT, numbers[id(node.item)], node.excluded)
             else:
                 raise GrammarError(f"unknown grammar node {type(node).__name__}")
             if key in by_value:  # an equal subtree is numbered already
@@ -89,6 +93,12 @@ def flatten_reference(rules: dict[str, Node]) -> FlatGrammar:
             elif type(node) is Repeat:
                 code, first, end = KIND_REPEAT, numbers[id(node.item)], node.minimum
                 maximum = -1 if node.maximum is None else node.maximum
+            elif type(node) is Except:
+                code, first, end = KIND_EXCEPT, numbers[id(node.item)], len(children)
+                for name in node.excluded:
+                    children.extend((len(data), len(data) + len(name)))
+                    data.extend(name)
+                maximum = len(children)
             else:
                 code, first, end = KIND_REFERENCE, key[1], 0
             kind.append(code)

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from formline.automata.nfa import AutomatonLimitError, Nfa
+from formline.automata.nfa import AutomatonLimitError, Nfa, epsilon_closure
 from formline.grammar.budget import DEFAULT_DFA_STATE_LIMIT
 from formline.native import determinize as native_determinize
 from formline.native import refine_partition as native_refine_partition
@@ -57,17 +57,6 @@ def _byte_classes(nfa: Nfa) -> np.ndarray:
     for index, boundary in enumerate(sorted(boundaries)[:-1]):
         classes[boundary:] = index
     return classes
-
-
-def _epsilon_closure(nfa: Nfa, states: set[int]) -> frozenset[int]:
-    pending = list(states)
-    seen = set(states)
-    while pending:
-        for target in nfa.epsilon_edges[pending.pop()]:
-            if target not in seen:
-                seen.add(target)
-                pending.append(target)
-    return frozenset(seen)
 
 
 def determinize(nfa: Nfa, state_limit: int = DEFAULT_DFA_STATE_LIMIT) -> Dfa:
@@ -162,7 +151,7 @@ def determinize_reference(nfa: Nfa, state_limit: int = DEFAULT_DFA_STATE_LIMIT) 
             )
             state_moves.append((covered, target))
         moves.append(state_moves)
-    start = _epsilon_closure(nfa, {nfa.start})
+    start = epsilon_closure(nfa, {nfa.start})
     index_of = {start: 0}
     subsets = [start]
     rows: list[list[int]] = []
@@ -189,7 +178,7 @@ def determinize_reference(nfa: Nfa, state_limit: int = DEFAULT_DFA_STATE_LIMIT) 
             known = interned.get(key)
             if known is not None:
                 return known
-            closure = _epsilon_closure(nfa, targets)
+            closure = epsilon_closure(nfa, targets)
             found = index_of.get(closure)
             if found is None:
                 if len(subsets) >= state_limit:

@@ -34,6 +34,7 @@ DFA_LIMIT_EXCEEDED = -3
 OUT_OF_TIME = -4
 NOT_PRODUCTIVE = -5
 LEFT_RECURSION = -6
+EXCEPT_CALLS = -7
 
 
 def build_tables(
@@ -123,5 +124,7 @@ def _raise_for_status(
             + " -> ".join(flat.rule_names[rule] for rule in found["cycle"])
             + " (rewrite it with repetition, e.g. 'a ::= b (op b)*')"
         )
+    if status == EXCEPT_CALLS:
+        raise GrammarError("the item of an Except node calls a rule")
     if status != 0:  # pragma: no cover - the kernel returns only the codes above
         raise GrammarError(f"the automaton build failed with status {status}")

@@ -22,6 +22,7 @@ from formline.grammar.budget import (
 from formline.grammar.ir import (
     ByteSet,
     Choice,
+    Except,
     GrammarError,
     Literal,
     Node,
@@ -30,6 +31,8 @@ from formline.grammar.ir import (
     Sequence,
     expanded_size,
 )
+
+ExceptPair = tuple[frozenset[int], int | None]  # (item states, trie node or None: left)
 
 
 class AutomatonLimitError(CompileLimitError):
@@ -137,6 +140,8 @@ class _Builder:
                 self.build(option, start, end)
         elif isinstance(node, Repeat):
             self.build_repeat(node, start, end)
+        elif isinstance(node, Except):
+            self.build_except(node, start, end)
         elif isinstance(node, RuleReference):
             if self.is_call(node.name):
                 nfa.call_edges[start].append((node.name, end))
@@ -144,6 +149,61 @@ class _Builder:
                 self.build(self.resolve(node.name), start, end)
         else:  # pragma: no cover - every IR node type is handled above
             raise GrammarError(f"unknown grammar node {type(node).__name__}")
+
+    def build_except(self, node: Except, start: int, end: int) -> None:
+        """The item's NFA read in step with the excluded strings' trie: one state per (item
+        state set, trie node) pair met, the subset construction done on the way (the native
+        build determinises the item first; this is its reference). Costs 256 byte steps per
+        pair.
+
+        Raises:
+            GrammarError: the item calls a rule.
+        """
+        item = Nfa(state_limit=self.nfa.state_limit, deadline=self.nfa.deadline)
+        item.start, item.accept = item.new_state(), item.new_state()
+        _Builder(item, self.resolve, self.is_call).build(node.item, item.start, item.accept)
+        if any(item.call_edges):
+            raise GrammarError("the item of an Except node calls a rule")
+        children: list[dict[int, int]] = [{}]
+        ends: set[int] = set()
+        for name in node.excluded:
+            trie_at = 0
+            for byte in name:
+                if byte not in children[trie_at]:
+                    children[trie_at][byte] = len(children)
+                    children.append({})
+                trie_at = children[trie_at][byte]
+            ends.add(trie_at)
+        first: ExceptPair = (epsilon_closure(item, {item.start}), 0)
+        state_of: dict[ExceptPair, int] = {first: start}
+        pending = [first]
+        while pending:
+            subset, at = pending.pop()
+            source = state_of[(subset, at)]
+            if item.accept in subset and (at is None or at not in ends):
+                self.nfa.epsilon_edges[source].append(end)
+            targets: dict[ExceptPair, list[tuple[int, int]]] = {}
+            for byte in range(256):
+                reached = {
+                    target
+                    for state in subset
+                    for ranges, target in item.byte_edges[state]
+                    if any(low <= byte <= high for low, high in ranges)
+                }
+                if not reached:
+                    continue
+                below = None if at is None else children[at].get(byte)
+                pair = (epsilon_closure(item, reached), below)
+                ranges = targets.setdefault(pair, [])
+                if ranges and ranges[-1][1] == byte - 1:
+                    ranges[-1] = (ranges[-1][0], byte)
+                else:
+                    ranges.append((byte, byte))
+            for pair, ranges in targets.items():
+                if pair not in state_of:
+                    state_of[pair] = self.nfa.new_state()
+                    pending.append(pair)
+                self.nfa.byte_edges[source].append((tuple(ranges), state_of[pair]))
 
     def build_literal(self, value: bytes, start: int, end: int) -> None:
         if not value:
@@ -177,3 +237,15 @@ class _Builder:
             self.build(node.item, current, following)
             current = following
         nfa.epsilon_edges[current].append(end)
+
+
+def epsilon_closure(nfa: Nfa, states: set[int]) -> frozenset[int]:
+    """``states`` and every state their epsilon edges reach. Costs O(states and edges met)."""
+    pending = list(states)
+    seen = set(states)
+    while pending:
+        for target in nfa.epsilon_edges[pending.pop()]:
+            if target not in seen:
+                seen.add(target)
+                pending.append(target)
+    return frozenset(seen)

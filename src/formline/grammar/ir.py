@@ -227,6 +227,36 @@ class RuleReference(Node):
         return (self.name,)
 
 
+class Except(Node):
+    """The strings of ``item`` except the byte strings of ``excluded`` (exact set difference).
+
+    "Any key but the declared names" of an open object: built natively as the product of
+    ``item``'s DFA with the names' trie (``native/thompson.hpp``), one NFA state per trie node
+    reached. Built in Python as a trie of IR nodes (two per trie node) it was a third of a
+    median MaskBench schema's schema-to-IR step and of its flattening. ``item`` may not call
+    a rule (an inlined reference is fine). ``excluded`` is kept sorted and without repeats.
+    """
+
+    __slots__ = ("excluded", "item")
+    field_names = ("item", "excluded")
+    item: Node
+    excluded: tuple[bytes, ...]
+
+    def __init__(self, item: Node, excluded: tuple[bytes, ...]) -> None:
+        names = tuple(sorted(set(excluded)))
+        _set(self, "item", item)
+        _set(self, "excluded", names)
+        _set(self, "_hash", hash((6, item, names)))
+        # The product has at most one state per trie node beside item's own.
+        _set(self, "_size", item._size + sum(len(name) for name in names))
+
+    def fields(self) -> tuple[object, ...]:
+        return (self.item, self.excluded)
+
+    def children(self) -> tuple[Node, ...]:
+        return (self.item,)
+
+
 EMPTY = Literal(b"")
 
 
@@ -257,7 +287,8 @@ def expanded_size(node: Node) -> int:
     return node._size
 
 
-KIND_BYTE_SET, KIND_LITERAL, KIND_SEQUENCE, KIND_CHOICE, KIND_REPEAT, KIND_REFERENCE = range(6)
+KIND_BYTE_SET, KIND_LITERAL, KIND_SEQUENCE, KIND_CHOICE = 0, 1, 2, 3
+KIND_REPEAT, KIND_REFERENCE, KIND_EXCEPT = 4, 5, 6
 
 
 @dataclass(frozen=True, eq=False)
@@ -269,7 +300,9 @@ class FlatGrammar:
     ``[a, b)`` of ``range_pairs``; a literal's bytes ``[a, b)`` of ``data``; a sequence's or
     choice's children ``[a, b)`` of ``children``; a repeat's item ``a``, minimum ``b`` and
     maximum ``c`` (-1: unbounded); a reference's rule ``a`` (an index into ``rule_names``,
-    sorted). ``rule_root`` and ``roots`` give each rule's body node.
+    sorted); an :class:`Except`'s item ``a`` and its excluded strings, ``[b, c)`` of
+    ``children`` as (begin, end) pairs into ``data``. ``rule_root`` and ``roots`` give each
+    rule's body node.
     """
 
     kind: np.ndarray
@@ -332,7 +365,7 @@ def flatten(rules: dict[str, Node]) -> FlatGrammar:
     )
 
 
-NODE_CLASSES = (ByteSet, Literal, Sequence, Choice, Repeat, RuleReference)
+NODE_CLASSES = (ByteSet, Literal, Sequence, Choice, Repeat, RuleReference, Except)
 
 
 @dataclass(frozen=True)

@@ -332,11 +332,11 @@ def flatten_rules(list roots, dict rule_number, tuple classes):
     builds equal subtrees as distinct objects (a number's signed and unsigned branches), and
     one flat node is one piece of automaton that the NFA build enters through one shared state
     where the ends agree. ``classes`` are the IR's node classes (ByteSet, Literal, Sequence,
-    Choice, Repeat, RuleReference), passed in so that this module imports nothing of
+    Choice, Repeat, RuleReference, Except), passed in so that this module imports nothing of
     formline. Returns (kind, a, b, c, children, data, range_pairs) as bytes (int8, int32 x 5,
     uint8 x 1 for data) and the root numbers; an unknown reference raises ``KeyError`` with
     its name, an unknown node type ``TypeError``."""
-    byte_set, literal, sequence, choice, repeat, reference = classes
+    byte_set, literal, sequence, choice, repeat, reference, exception = classes
     cdef dict numbers = {}  # id(node) -> its number
     cdef dict by_value = {}  # a node's key -> its number
     cdef vector[int8_t] kind
@@ -363,7 +363,7 @@ def flatten_rules(list roots, dict rule_number, tuple classes):
                         if id(child) not in numbers:
                             pending.append((child, False))
                     continue
-            elif not expanded and node_type is repeat:
+            elif not expanded and (node_type is repeat or node_type is exception):
                 pending.append((node, True))
                 if id(node.item) not in numbers:
                     pending.append((node.item, False))
@@ -380,6 +380,8 @@ def flatten_rules(list roots, dict rule_number, tuple classes):
                 value_key = (4, numbers[id(node.item)], node.minimum, node.maximum)
             elif node_type is reference:
                 value_key = (5, rule_number[node.name])
+            elif node_type is exception:
+                value_key = (6, numbers[id(node.item)], node.excluded)
             else:
                 raise TypeError(f"unknown grammar node {node_type.__name__}")
             known = by_value.get(value_key)
@@ -420,11 +422,23 @@ def flatten_rules(list roots, dict rule_number, tuple classes):
                 a.push_back(value_key[1])
                 b.push_back(node.minimum)
                 c.push_back(-1 if node.maximum is None else node.maximum)
-            else:
+            elif node_type is reference:
                 kind.push_back(5)
                 a.push_back(value_key[1])
                 b.push_back(0)
                 c.push_back(0)
+            else:  # an Except: its item, then (begin, end) of each excluded string in data
+                kind.push_back(6)
+                a.push_back(value_key[1])
+                b.push_back(children.size())
+                for value in node.excluded:
+                    raw = value
+                    size = len(value)
+                    children.push_back(data.size())
+                    for k in range(size):
+                        data.push_back(raw[k])
+                    children.push_back(data.size())
+                c.push_back(children.size())
         root_numbers.append(numbers[id(root)])
     return (
         PyBytes_FromStringAndSize(<char*>kind.data(), kind.size()),

@@ -213,6 +213,7 @@ inline std::vector<std::vector<int32_t>> rule_references(const FlatGrammar& gram
           for (int32_t k = grammar.a[node]; k < grammar.b[node]; ++k) visit(grammar.children[k]);
           break;
         case 4:
+        case 6:
           visit(grammar.a[node]);
           break;
         case 5:

@@ -20,20 +20,19 @@ from formline.grammar.ir import (
     EMPTY,
     ByteSet,
     Choice,
+    Except,
     Literal,
     Node,
     Repeat,
     RuleReference,
     Sequence,
 )
-from formline.grammar.utf8 import complement
 from formline.schema.numbers import number_node
-from formline.schema.patterns import json_string_character, length_node
+from formline.schema.patterns import length_node
 
 NOTHING = Choice(())  # matches no string: a false schema, an empty enum
 QUOTE = Literal(b'"')
 ANY_VALUE_RULE = "json_value"
-PLAIN_ASCII = (0x20, 0x7E)  # printable ASCII: written raw in a JSON string, but '"' and '\\'
 
 
 def compact_json(value: Any) -> bytes:
@@ -206,92 +205,10 @@ def _any_value_rules(whitespace: int | None) -> dict[str, Node]:
 
 
 def string_body_except(names: list[str], any_body: Node) -> Node:
-    """Any canonical string body except the bodies of ``names`` (exact).
-
-    The strings that are not names are (a) proper prefixes of names that are not names
-    themselves, and (b) a walk down the names' trie that leaves it on a character no name
-    has there, then anything. Both are built trie-shaped, and (b) shares ONE ``any_body``
-    tail: a tail per trie node made 17 names 10,672 IR nodes and 0.6 s of determinisation.
-    Canonical encodings are unique, so a name cannot sneak back in through an escape.
-    Costs O(total characters of the names).
-    """
-    prefixes, diverging = _trie_nodes(names)
-    return choice([prefixes, sequence(diverging, any_body)])
-
-
-_END = ""  # the key marking "a name ends here" in a trie node (a character is never "")
-
-
-def _trie_nodes(names: list[str]) -> tuple[Node, Node]:
-    """From the root of the names' trie: (the paths that end on a trie node where no name
-    ends, the paths that end with one character off the trie). The trie is built once as
-    nested dicts, then both nodes per trie node in one post-order pass (two passes that
-    regrouped the names at every level were a quarter of a median schema's grammar build).
-    Iterative: a 3,000-character property name is 3,000 trie levels (recursion overflowed
-    the stack)."""
-    root: dict[str, dict] = {}
-    for name in names:
-        node = root
-        for character in name:
-            node = node.setdefault(character, {})
-        node[_END] = {}
-    built: dict[int, tuple[Node, Node]] = {}  # id of a trie node -> its two nodes
-    pending: list[tuple[dict[str, dict], bool]] = [(root, False)]
-    while pending:
-        node, expanded = pending.pop()
-        if not expanded:
-            pending.append((node, True))
-            pending.extend((child, False) for key, child in node.items() if key != _END)
-            continue
-        characters = sorted(key for key in node if key != _END)
-        staying: list[Node] = [] if _END in node else [EMPTY]
-        leaving: list[Node] = [_character_except(frozenset(characters))]
-        for character in characters:
-            literal = _character_literal(character)
-            below_staying, below_leaving = built.pop(id(node[character]))
-            staying.append(sequence(literal, below_staying))
-            leaving.append(sequence(literal, below_leaving))
-        built[id(node)] = (choice(staying), choice(leaving))
-    return built[id(root)]
-
-
-@cache
-def _character_except(characters: frozenset[str]) -> Node:
-    """One string character but ``characters`` (the complement and its normalisation were
-    computed per trie node, a third of a 3-name key's 0.7 ms).
-
-    When every excluded character is printable ASCII that needs no escape (almost every
-    property name), the node is that byte range less the characters, or ONE node shared by
-    every trie node: the escapes and the multi-byte characters. Shared, a lead byte read at
-    any trie node reaches the same automaton states; built per trie node, each node had its
-    own copy of the UTF-8 and escape states, which minimisation merged again (5 names: 346
-    DFA states before minimisation, 40 after)."""
-    codes = sorted(ord(character) for character in characters)
-    if not all(_is_plain(code) for code in codes):
-        return json_string_character(complement([(code, code) for code in codes]))
-    kept = complement([(code, code) for code in (*codes, 0x22, 0x5C)])
-    plain = [(max(low, PLAIN_ASCII[0]), min(high, PLAIN_ASCII[1])) for low, high in kept]
-    ascii_part = [(low, high) for low, high in plain if low <= high]
-    options: list[Node] = [ByteSet(tuple(ascii_part))] if ascii_part else []
-    return choice([*options, _escaped_or_multibyte()])
-
-
-def _is_plain(code: int) -> bool:
-    """Whether a code point is written as one raw byte in a JSON string and needs no
-    escape."""
-    return PLAIN_ASCII[0] <= code <= PLAIN_ASCII[1] and code not in (0x22, 0x5C)
-
-
-@cache
-def _escaped_or_multibyte() -> Node:
-    """One string character that is not plain printable ASCII: an escape (``\\"``, ``\\n``,
-    ``\\u001f``, ...), DEL (written raw) or a character of two to four UTF-8 bytes."""
-    return json_string_character(
-        [(0, PLAIN_ASCII[0] - 1), (0x22, 0x22), (0x5C, 0x5C), (PLAIN_ASCII[1] + 1, 0x10FFFF)]
-    )
-
-
-@cache
-def _character_literal(character: str) -> Node:
-    """The literal of one character inside a JSON string (json.dumps per trie node)."""
-    return Literal(compact_json(character)[1:-1])
+    """Any canonical string body except the bodies of ``names`` (exact): the language of
+    ``any_body`` less the names' canonical encodings, as one :class:`Except` node that the
+    automaton build reads in step with the names' trie. Canonical encodings are unique, so
+    a name cannot sneak back in through an escape. Costs O(total characters of the names):
+    the json encoding of each (the trie of IR nodes built here before was a third of a
+    median MaskBench schema's grammar build)."""
+    return Except(any_body, tuple(compact_json(name)[1:-1] for name in names))
