@@ -389,6 +389,8 @@ def main(arguments: list[str] | None = None) -> int:
                 result[name.replace("_ns", "_us")] = {
                     "count": len(values),
                     "p50": _percentile_us(values, 50),
+                    "p99": _percentile_us(values, 99),
+                    "over_500": sum(value > 500_000 for value in values),
                     "max": max(values) / 1e3 if values else None,
                 }
     report = {

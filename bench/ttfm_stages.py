@@ -98,20 +98,22 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--vocabulary", default="llama-bpe")
     parser.add_argument("--data", type=Path, default=ROOT / "tests" / "data" / "maskbench")
+    parser.add_argument("--slowest", type=int, default=0, help="also list the N slowest")
     options = parser.parse_args()
     vocabulary = Vocabulary.from_gguf(fixture_path(options.vocabulary))
     table = CompileCache(disk_cache=False).token_table(vocabulary)
     clock = StageClock()
     # The stages inside the grammar's construction and the automaton build.
     ir.flatten = clock.wrap("flatten", ir.flatten)
-    native_build.native_build_pushdown = clock.wrap("native", native_build.native_build_pushdown)
+    native_build.native_build_automaton = clock.wrap("native", native_build.native_build_automaton)
     rows = []
     for path in sorted(options.data.glob("*.json")):
         data = json.loads(path.read_text())
         gc.collect()
         gc.disable()
         try:
-            rows.append(time_schema(data.get("schema", data), vocabulary, table, clock))
+            row = time_schema(data.get("schema", data), vocabulary, table, clock)
+            rows.append({**row, "name": path.stem})
         except (SchemaError, GrammarError):
             pass  # declined schemas: bench.maskbench counts them
         finally:
@@ -127,6 +129,9 @@ def main() -> None:
         states = sum(row["states"] for row in chosen) / len(chosen)
         cells = " | ".join(f"{mean:.2f}" for mean in means)
         print(f"| {label} | {cells} | {total:.2f} | {states:,.0f} |")
+    for row in rows[::-1][: options.slowest]:
+        cells = " | ".join(f"{1e3 * row[stage]:.2f}" for stage in STAGES)
+        print(f"| {row['name']} | {cells} | {1e3 * row['total']:.2f} | {row['states']:,} |")
 
 
 if __name__ == "__main__":

@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from minimal_automaton import canonical, minimized
 
 from formline.automata import AutomatonLimitError
 from formline.grammar.budget import CompileLimitError, Deadline
@@ -19,6 +20,7 @@ from formline.grammar.ir import (
     Grammar,
     GrammarError,
     Literal,
+    Minimized,
     Node,
     Repeat,
     RuleReference,
@@ -26,31 +28,12 @@ from formline.grammar.ir import (
     flatten,
 )
 from formline.parser.pushdown import (
-    PushdownAutomaton,
     build_pushdown,
     build_pushdown_reference,
 )
 from formline.schema import SchemaError, schema_to_grammar
 
 MASKBENCH = Path(__file__).resolve().parents[1] / "data" / "maskbench"
-
-
-def canonical(automaton: PushdownAutomaton) -> list[tuple[bool, tuple[int, ...], tuple]]:
-    """The automaton renumbered breadth-first from its start (bytes in order, then calls):
-    two automata linked from the same minimal rule DFAs are equal here."""
-    number = {automaton.start: 0}
-    order = [automaton.start]
-    rows = []
-    for state in order:
-        row = automaton.transitions[state].tolist()
-        for target in row + [t for edge in automaton.calls[state] for t in edge]:
-            if target >= 0 and target not in number:
-                number[target] = len(order)
-                order.append(target)
-        mapped = tuple(number[t] if t >= 0 else -1 for t in row)
-        calls = tuple((number[c], number[r]) for c, r in automaton.calls[state])
-        rows.append((bool(automaton.accepting[state]), mapped, calls))
-    return rows
 
 
 def assert_same_automaton(grammar: Grammar) -> None:
@@ -64,8 +47,7 @@ def assert_same_automaton(grammar: Grammar) -> None:
         return
     native = build_pushdown(grammar)
     assert native.rule_names == reference.rule_names
-    assert canonical(native) == canonical(reference)
-    assert native.rule_of_state.tolist() == reference.rule_of_state.tolist()
+    assert canonical(minimized(native)) == canonical(reference)
 
 
 def leaves() -> st.SearchStrategy[Node]:
@@ -91,6 +73,9 @@ def trees() -> st.SearchStrategy[Node]:
             st.tuples(inner, st.lists(st.binary(max_size=3), max_size=4)).map(
                 lambda case: Except(case[0], tuple(case[1]))
             ),
+            # Equal items recur across examples: later builds take the minimal DFA that
+            # the first made (shared between builds by the item's content).
+            inner.map(Minimized),
         ),
         max_leaves=8,
     )
@@ -116,6 +101,24 @@ def test_native_inlining_equals_the_python_builder(root, inlined) -> None:
     )
     rules = {"root": root, "r0": leaf_only, "r1": Literal(b"c"), "r2": ByteSet(((97, 98),))}
     assert_same_automaton(Grammar(rules, "root", called_rules=frozenset({"r1", "r2"})))
+
+
+def test_a_minimized_item_shared_between_grammars_keeps_each_context() -> None:
+    # One number-like item in two grammars that differ around it (and in node numbering):
+    # the second build takes the first's minimal DFA and must still mean its own grammar.
+    digits = Repeat(ByteSet(((48, 57),)), 1, None)
+    item = Minimized(Sequence((Repeat(Literal(b"-"), 0, 1), digits)))
+    first = Grammar({"root": Sequence((Literal(b"["), item, Literal(b"]")))}, "root")
+    second = Grammar(
+        {
+            "root": Choice((Literal(b"x"), Sequence((item, Literal(b","), RuleReference("r0"))))),
+            "r0": Sequence((Literal(b"{"), item, Literal(b"}"))),
+        },
+        "root",
+        called_rules=frozenset({"r0"}),
+    )
+    for grammar in (first, second, first, second):
+        assert_same_automaton(grammar)
 
 
 def _nodes(node: Node) -> list[Node]:
@@ -146,11 +149,22 @@ def test_native_nfa_limit_is_an_error() -> None:
     assert caught.value.limit == "nfa_states"
 
 
-def test_native_dfa_limit_is_an_error() -> None:
+def test_native_dfa_limit_bounds_the_states_made() -> None:
+    # (a|b)*a(a|b){12} needs 2^13 DFA states: the build makes the start only, a text makes
+    # a state per byte at most, and making them all passes the limit: an error, and the
+    # automaton stays refused (its rows are dead ends past the limit).
     either = ByteSet(((97, 98),))
     body = Sequence((Repeat(either), Literal(b"a"), Repeat(either, 12, 12)))
-    with pytest.raises(AutomatonLimitError, match="more than 500 DFA states"):
-        build_pushdown(Grammar({"root": body}), dfa_state_limit=500)
+    automaton = build_pushdown(Grammar({"root": body}), dfa_state_limit=500)
+    assert automaton.size == 1
+    stacks, _ = automaton.initial()
+    result = automaton.advance(stacks, b"ba" * 20 + b"a" + b"b" * 12)
+    assert result is not None and result[1] and automaton.size <= 60
+    with pytest.raises(AutomatonLimitError, match="more than 500 DFA states") as caught:
+        automaton.tables()
+    assert caught.value.limit == "dfa_states" and automaton.size == 500
+    with pytest.raises(AutomatonLimitError):
+        automaton.advance(stacks, b"ab" * 30)
 
 
 def test_native_build_stops_at_the_deadline() -> None:

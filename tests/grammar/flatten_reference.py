@@ -8,6 +8,7 @@ from formline.grammar.ir import (
     KIND_CHOICE,
     KIND_EXCEPT,
     KIND_LITERAL,
+    KIND_MINIMIZED,
     KIND_REFERENCE,
     KIND_REPEAT,
     KIND_SEQUENCE,
@@ -17,6 +18,7 @@ from formline.grammar.ir import (
     FlatGrammar,
     GrammarError,
     Literal,
+    Minimized,
     Node,
     Repeat,
     RuleReference,
@@ -71,6 +73,8 @@ def flatten_reference(rules: dict[str, Node]) -> FlatGrammar:
                 key = (KIND_REFERENCE, target)
             elif type(node) is Except:
                 key = (KIND_EXCEPT, numbers[id(node.item)], node.excluded)
+            elif type(node) is Minimized:
+                key = (KIND_MINIMIZED, numbers[id(node.item)])
             else:
                 raise GrammarError(f"unknown grammar node {type(node).__name__}")
             if key in by_value:  # an equal subtree is numbered already
@@ -93,6 +97,8 @@ def flatten_reference(rules: dict[str, Node]) -> FlatGrammar:
             elif type(node) is Repeat:
                 code, first, end = KIND_REPEAT, numbers[id(node.item)], node.minimum
                 maximum = -1 if node.maximum is None else node.maximum
+            elif type(node) is Minimized:
+                code, first, end = KIND_MINIMIZED, numbers[id(node.item)], 0
             elif type(node) is Except:
                 code, first, end = KIND_EXCEPT, numbers[id(node.item)], len(children)
                 for name in node.excluded:

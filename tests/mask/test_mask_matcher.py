@@ -22,6 +22,7 @@ from formline.mask import (
     compile_grammar,
 )
 from formline.mask.reference import brute_force_allowed_ids
+from formline.vocab import Vocabulary
 
 VOCABULARY = synthetic_vocabulary()
 TOKEN = {token: token_id for token_id, token in enumerate(VOCABULARY.token_bytes) if token}
@@ -181,11 +182,17 @@ def test_a_foreign_or_tampered_disk_entry_is_rebuilt(tmp_path) -> None:
     with np.load(path) as stored:
         arrays = {name: stored[name] for name in stored.files}
     header = json.loads(arrays["header"].tobytes())
-    tampered = dict(arrays, transitions=np.full_like(arrays["transitions"], 10**6))
-    older = dict(
-        arrays, header=np.frombuffer(json.dumps({**header, "version": 1}).encode(), np.uint8)
-    )
-    for replacement in (tampered, older):
+    # Indices the kernel would follow, out of range; a node kind that does not exist; a
+    # child after its parent; an array of another type; an older format.
+    tampered = [
+        dict(arrays, a=np.full_like(arrays["a"], 10**6)),
+        dict(arrays, kind=np.full_like(arrays["kind"], 9)),
+        dict(arrays, children=np.full_like(arrays["children"], len(arrays["kind"]))),
+        dict(arrays, rule_root=np.full_like(arrays["rule_root"], -1)),
+        dict(arrays, a=arrays["a"].astype(np.int64)),
+        dict(arrays, header=np.frombuffer(json.dumps({**header, "version": 2}).encode(), np.uint8)),
+    ]
+    for replacement in tampered:
         with path.open("wb") as handle:
             np.savez(handle, **replacement)
         clear_memory_cache()
@@ -196,14 +203,27 @@ def test_a_foreign_or_tampered_disk_entry_is_rebuilt(tmp_path) -> None:
 
 
 def test_state_limit_is_an_error_in_bounded_time() -> None:
+    # x(a|b)*a(a|b){20} needs 2^21 DFA states. The compile makes the few its first mask
+    # reaches; after "x", a vocabulary of every a/b string up to 11 bytes walks into 2^12 of
+    # them, past the limit of 2,000: that mask is an AutomatonLimitError, and so is the next.
     started = time.perf_counter()
-    with pytest.raises(AutomatonLimitError, match="more than 2000 DFA states"):
-        compile_grammar(
-            Grammar.from_regex(r"(a|b)*a(a|b){20}"),
-            VOCABULARY,
-            disk_cache=False,
-            budget=CompileBudget(dfa_states=2000),
-        )
+    words = [b""]
+    for _ in range(11):
+        words = [word + letter for word in words for letter in (b"a", b"b")] + words
+    tokens = sorted(set(words) - {b""})
+    vocabulary = Vocabulary.from_list([b"<eos>", b"x", *tokens], eos_ids=[0])
+    compiled = compile_grammar(
+        Grammar.from_regex(r"x(a|b)*a(a|b){20}"),
+        vocabulary,
+        disk_cache=False,
+        budget=CompileBudget(dfa_states=2000),
+    )
+    assert compiled.automaton.size < 10
+    matcher = GrammarMatcher(compiled)
+    assert matcher.accept_string("x")
+    for _ in range(2):
+        with pytest.raises(AutomatonLimitError, match="more than 2000 DFA states"):
+            matcher.next_token_mask_words()
     assert time.perf_counter() - started < 30  # generous: a hang would take forever
 
 

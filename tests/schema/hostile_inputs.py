@@ -119,7 +119,9 @@ SCHEMAS = [
     HostileSchema(
         "an exponential pattern",
         {"type": "string", "pattern": "^(a|b)*a(a|b){20}$"},
-        ("SchemaError", "DFA states"),
+        # Compiles since the automaton is made as decoding reaches its states (2^21 of them:
+        # built whole, it was refused at the 20,000 DFA-state limit).
+        None,
     ),
     HostileSchema(
         "a pattern of 200 nested groups",
@@ -172,9 +174,8 @@ GRAMMARS = [
     HostileGrammar(
         "a million unrolled bytes", "regex", "(a{1000}){1000}", ("GrammarError", "NFA states")
     ),
-    HostileGrammar(
-        "an exponential regex", "regex", "(a|b)*a(a|b){20}", ("GrammarError", "DFA states")
-    ),
+    # Compiles since the automaton is made lazily (it was refused at the DFA-state limit).
+    HostileGrammar("an exponential regex", "regex", "(a|b)*a(a|b){20}", None),
     HostileGrammar(
         "a bound past the repeat limit",
         "regex",

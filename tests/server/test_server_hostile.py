@@ -107,17 +107,19 @@ def test_trace_stops_recording_at_the_deadline(engine: Any, client: Any, model: 
 
 
 def slow_schema() -> dict[str, Any]:
-    """A schema that takes seconds to compile (six enums of 2,000 words), new each run (its
-    ``tag`` keeps it out of the disk cache)."""
+    """A schema that takes a second or two to compile (64 enums of 2,000 words, 1.8 MB: six
+    took 0.16 s once the automaton was lazy), new each run (its ``tag`` keeps it out of the
+    disk cache)."""
     properties: dict[str, Any] = {
-        f"e{k}": {"enum": [f"{chr(97 + k)}{i}w{i * 7}" for i in range(2000)]} for k in range(6)
+        f"e{k}": {"enum": [f"{chr(97 + k % 26)}{k}w{i}x{i * 7}" for i in range(2000)]}
+        for k in range(64)
     }
     properties["tag"] = {"const": uuid.uuid4().hex[:8]}
     return {"type": "object", "properties": properties, "required": list(properties)}
 
 
 def test_a_text_request_does_not_wait_for_a_compile(engine: Any, model: str) -> None:
-    wide = engine_with(engine, max_schema_bytes=400_000, max_request_bytes=1_000_000)
+    wide = engine_with(engine, max_schema_bytes=4_000_000, max_request_bytes=8_000_000)
     wide.describe_schema = "schema"  # described, the schema is over the context: a quick 400
     running = BackgroundServer(create_app(wide)).start()
     url = f"{running.url}/v1/chat/completions"

@@ -25,6 +25,7 @@ from formline.grammar.ir import (
     Except,
     GrammarError,
     Literal,
+    Minimized,
     Node,
     Repeat,
     RuleReference,
@@ -142,6 +143,8 @@ class _Builder:
             self.build_repeat(node, start, end)
         elif isinstance(node, Except):
             self.build_except(node, start, end)
+        elif isinstance(node, Minimized):
+            self.build(node.item, start, end)  # the same language; only the kernel minimises
         elif isinstance(node, RuleReference):
             if self.is_call(node.name):
                 nfa.call_edges[start].append((node.name, end))

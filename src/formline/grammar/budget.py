@@ -2,10 +2,11 @@
 
 Every stage that can blow up on a small input checks the budget inside its loop: the schema
 compiler once per schema object and per counted repetition it plans, the NFA builder every
-:data:`CHECK_EVERY_STATES` states, the pushdown build once per rule. A blow-up is therefore
-a :class:`CompileLimitError` naming the limit, raised in about the time the limit allows,
-never a hang: ``{"type":"object","maxProperties":1000000000}`` used to hold a server for
-5 minutes.
+:data:`CHECK_EVERY_STATES` states, the pushdown build once per rule. DFA states are made
+after the compile, as decoding reaches them: their limit is checked where each is made.
+A blow-up is therefore a :class:`CompileLimitError` naming the limit, raised in about the
+time the limit allows, never a hang: ``{"type":"object","maxProperties":1000000000}`` used
+to hold a server for 5 minutes.
 
 State limits are part of a compiled grammar's cache key (they decide whether it compiles);
 the time limit is not (it only decides whether this attempt finishes).
@@ -20,7 +21,9 @@ from formline.grammar.ir import GrammarError
 
 DEFAULT_COMPILE_SECONDS = 10.0
 DEFAULT_NFA_STATE_LIMIT = 500_000
-DEFAULT_DFA_STATE_LIMIT = 20_000
+# The lazy automaton's states in all (1 KiB each): the sample's largest schema made 23,000
+# while its instances were walked; 200,000 bounds a blow-up at about 200 MB.
+DEFAULT_DFA_STATE_LIMIT = 200_000
 DEFAULT_STACK_LIMIT = 10_000
 # A Python NFA state costs about 0.3 µs to make and 400 bytes to keep: checking the clock
 # every 4,096 states adds < 0.1% and lets 500k states overrun a deadline by about 2 ms.
@@ -46,7 +49,9 @@ class CompileBudget:
     Attributes:
         seconds: wall-clock time for the whole compile.
         nfa_states: states of one rule's NFA (repetitions are unrolled into it).
-        dfa_states: states of one rule's DFA while it is determinised.
+        dfa_states: DFA states of the whole automaton, made lazily as walks and steps reach
+            them (a walk that would pass it raises ``AutomatonLimitError``); the Python
+            reference build applies it to each rule's DFA.
         stacks: parser stacks one step may keep (an ambiguous grammar).
     """
 

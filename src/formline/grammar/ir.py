@@ -257,6 +257,31 @@ class Except(Node):
         return (self.item,)
 
 
+class Minimized(Node):
+    """The language of ``item``, built as its minimal DFA (``native/thompson.hpp``): for the
+    regular leaves of a schema (patterns, formats, numbers), whose subset construction leaves
+    states with equal futures apart ("a" and "a-a" under ``^[a-z]+(?:-+[a-z]+)*$``). The lazy
+    automaton is not minimised as a whole: each such state was one more walk of the
+    vocabulary. An item whose DFA is large (over 4,096 states), or that calls a rule, is
+    built as it stands. Transparent everywhere else (the Python builder reads ``item``).
+    """
+
+    __slots__ = ("item",)
+    field_names = ("item",)
+    item: Node
+
+    def __init__(self, item: Node) -> None:
+        _set(self, "item", item)
+        _set(self, "_hash", hash((7, item)))
+        _set(self, "_size", item._size)
+
+    def fields(self) -> tuple[object, ...]:
+        return (self.item,)
+
+    def children(self) -> tuple[Node, ...]:
+        return (self.item,)
+
+
 EMPTY = Literal(b"")
 
 
@@ -288,7 +313,7 @@ def expanded_size(node: Node) -> int:
 
 
 KIND_BYTE_SET, KIND_LITERAL, KIND_SEQUENCE, KIND_CHOICE = 0, 1, 2, 3
-KIND_REPEAT, KIND_REFERENCE, KIND_EXCEPT = 4, 5, 6
+KIND_REPEAT, KIND_REFERENCE, KIND_EXCEPT, KIND_MINIMIZED = 4, 5, 6, 7
 
 
 @dataclass(frozen=True, eq=False)
@@ -301,8 +326,8 @@ class FlatGrammar:
     choice's children ``[a, b)`` of ``children``; a repeat's item ``a``, minimum ``b`` and
     maximum ``c`` (-1: unbounded); a reference's rule ``a`` (an index into ``rule_names``,
     sorted); an :class:`Except`'s item ``a`` and its excluded strings, ``[b, c)`` of
-    ``children`` as (begin, end) pairs into ``data``. ``rule_root`` and ``roots`` give each
-    rule's body node.
+    ``children`` as (begin, end) pairs into ``data``; a :class:`Minimized`'s item ``a``.
+    ``rule_root`` and ``roots`` give each rule's body node.
     """
 
     kind: np.ndarray
@@ -365,7 +390,7 @@ def flatten(rules: dict[str, Node]) -> FlatGrammar:
     )
 
 
-NODE_CLASSES = (ByteSet, Literal, Sequence, Choice, Repeat, RuleReference, Except)
+NODE_CLASSES = (ByteSet, Literal, Sequence, Choice, Repeat, RuleReference, Except, Minimized)
 
 
 @dataclass(frozen=True)

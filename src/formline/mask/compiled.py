@@ -24,8 +24,14 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from formline.automata.native_build import state_limit_error
 from formline.mask.bitmask import ids_to_bitmask, words_for
-from formline.native import STACK_LIMIT_EXCEEDED, NativeMaskKernel, NativeTokenTable
+from formline.native import (
+    STACK_LIMIT_EXCEEDED,
+    STATE_LIMIT_EXCEEDED,
+    NativeMaskKernel,
+    NativeTokenTable,
+)
 from formline.parser.pushdown import ParserLimitError, PushdownAutomaton, Stack
 from formline.vocab import Vocabulary
 
@@ -57,18 +63,10 @@ def token_table(vocabulary: Vocabulary) -> NativeTokenTable:
     return NativeTokenTable(data, offsets, lengths, np.array(ids, dtype=np.int32), vocabulary.size)
 
 
-def escapes_possible(automaton: PushdownAutomaton) -> np.ndarray:
-    """Per state: whether a stack with this top can have something below it. A state of an
-    uncalled start rule never does, so its walk records no escape leftovers."""
-    if bool((automaton.call_callee == automaton.start).any()):
-        return np.ones(automaton.size, dtype=np.uint8)
-    return (automaton.rule_of_state != 0).astype(np.uint8)
-
-
 @dataclass
 class CompileStatistics:
     seconds: float = 0.0
-    states: int = 0
+    states: int = 0  # DFA states made so far (the automaton is made lazily)
     unique_masks: int = 0  # so far: masks are computed lazily
     escape_groups: int = 0  # escape leftover entries so far
     states_walked: int = 0
@@ -79,16 +77,18 @@ class CompileStatistics:
 
 
 class LiveBytes:
-    """``live_bytes[state]``: the bytes with a transition from ``state`` (computed on demand)."""
+    """``live_bytes[state]``: the bytes with a transition from ``state`` (computed on demand,
+    the state's row made first when the automaton has not made it yet)."""
 
-    def __init__(self, transitions: np.ndarray):
-        self._transitions = transitions
+    def __init__(self, automaton: PushdownAutomaton):
+        self._automaton = automaton
         self._known: dict[int, tuple[int, ...]] = {}
 
     def __getitem__(self, state: int) -> tuple[int, ...]:
         known = self._known.get(state)
         if known is None:
-            known = tuple(np.nonzero(self._transitions[state] >= 0)[0].tolist())
+            row = np.frombuffer(self._automaton.row(state), dtype=np.int32)
+            known = tuple(np.nonzero(row >= 0)[0].tolist())
             self._known[state] = known
         return known
 
@@ -116,18 +116,9 @@ class CompiledGrammar:
         self.eos_mask = ids_to_bitmask(self.eos_ids, self.words)
         self.eos_mask.setflags(write=False)
         self.kernel = NativeMaskKernel(
-            self.table,
-            np.ascontiguousarray(automaton.transitions, dtype=np.int32),
-            automaton.accepting.astype(np.uint8),
-            automaton.call_begin,
-            automaton.call_callee,
-            automaton.call_return,
-            escapes_possible(automaton),
-            self.eos_ids,
-            automaton.stack_limit,
-            self.state_cache_bytes,
+            self.table, automaton.native, self.eos_ids, self.state_cache_bytes
         )
-        self.live_bytes = LiveBytes(automaton.transitions)
+        self.live_bytes = LiveBytes(automaton)
         self._mask_cache: OrderedDict[tuple[frozenset[Stack], bool], np.ndarray] = OrderedDict()
         self._mask_cache_entries = max(16, self.mask_cache_bytes // (4 * self.words))
         self._lock = threading.Lock()
@@ -154,15 +145,27 @@ class CompiledGrammar:
         data = self._token_bytes[token_id]
         result = None
         if data and token_id not in self._special:
-            stepped = self.kernel.advance(stacks, data)
-            if isinstance(stepped, int):
-                self.check_status(stepped)
-            else:
-                result = stepped
+            result = self.advance_bytes(stacks, data)
         if len(self._steps) >= STEP_CACHE_ENTRIES:
             self._steps.clear()  # dict operations hold the GIL: no lock needed
         self._steps[key] = result
         return result
+
+    def advance_bytes(self, stacks: frozenset[Stack], data: bytes) -> Step:
+        """The closed configuration and ``can_end`` after reading ``data`` (non-empty) from
+        ``stacks`` in the kernel, or ``None`` if the grammar refuses it (uncached: decoding's
+        text steps, the jump-forward and closing searches).
+
+        Raises:
+            ParserLimitError: the step needs more stacks than the automaton's limit.
+            AutomatonLimitError: it needs more DFA states than the automaton's limit.
+        Costs O(len(data) x stacks), GIL released when long.
+        """
+        stepped = self.kernel.advance(stacks, data)
+        if isinstance(stepped, int):
+            self.check_status(stepped)
+            return None
+        return stepped
 
     @property
     def vocabulary_size(self) -> int:
@@ -173,6 +176,7 @@ class CompiledGrammar:
         """Compile figures, with the lazy walks done so far."""
         walked = self.kernel.statistics()
         stats = self.compile_statistics
+        stats.states = self.automaton.size  # the lazy automaton grows as decoding goes
         stats.unique_masks = walked["unique_masks"]
         stats.escape_groups = walked["escape_entries"]
         stats.states_walked = walked["states_walked"]
@@ -185,11 +189,7 @@ class CompiledGrammar:
         """Bytes held: the automaton's tables, the kernel's walks and the mask cache."""
         with self._lock:
             cached = len(self._mask_cache) * 4 * self.words
-        return (
-            int(self.automaton.transitions.nbytes)
-            + cached
-            + self.kernel.statistics()["memory_bytes"]
-        )
+        return self.automaton.memory_bytes() + cached + self.kernel.statistics()["memory_bytes"]
 
     def mask_words(self, stacks: frozenset[Stack], can_end: bool) -> np.ndarray:
         """The uint32 bitmask words for a configuration (cached; read-only).
@@ -236,12 +236,15 @@ class CompiledGrammar:
 
         Raises:
             ParserLimitError: ``status`` is the kernel's stack-limit answer.
+            AutomatonLimitError: the automaton needed more DFA states than its limit.
         """
         if status == STACK_LIMIT_EXCEEDED:
             raise ParserLimitError(
                 f"a token walk needs more than {self.automaton.stack_limit} stacks: "
                 "the grammar is too ambiguous"
             )
+        if status == STATE_LIMIT_EXCEEDED:
+            raise state_limit_error(self.automaton.native.capacity)
 
     def clear_mask_cache(self) -> None:
         """Forget the configuration masks (the kernel's per-state walks stay)."""
@@ -251,7 +254,7 @@ class CompiledGrammar:
     def statistics_text(self) -> str:
         stats = self.statistics
         return (
-            f"{stats.states} states, compiled in {stats.seconds * 1000:.1f} ms "
+            f"{stats.states} states made so far, compiled in {stats.seconds * 1000:.1f} ms "
             f"(cache: {stats.from_cache}); masks so far: {stats.states_walked} states walked, "
             f"{stats.unique_masks} unique, {stats.escape_groups} escape leftovers"
         )

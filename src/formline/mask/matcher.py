@@ -138,7 +138,7 @@ class GrammarMatcher:
         if self._terminated:
             return False
         data = text.encode("utf-8") if isinstance(text, str) else text
-        result = self._automaton.advance(self._stacks, data)
+        result = self.compiled.advance_bytes(self._stacks, data)
         if result is None:
             return False
         self._push(result[0], result[1], False)
@@ -245,7 +245,7 @@ class GrammarMatcher:
             for stacks, text in frontier:
                 candidates = sorted({byte for stack in stacks for byte in live_bytes[stack[-1]]})
                 for byte in candidates:
-                    result = self._automaton.advance(stacks, bytes((byte,)))
+                    result = self.compiled.advance_bytes(stacks, bytes((byte,)))
                     if result is None or result[0] in seen:
                         continue
                     if result[1]:
@@ -272,7 +272,7 @@ class GrammarMatcher:
             if len(candidates) != 1:
                 break
             byte = candidates.pop()
-            result = self._automaton.advance(stacks, bytes((byte,)))
+            result = self.compiled.advance_bytes(stacks, bytes((byte,)))
             if result is None:
                 break
             stacks, can_end = result

@@ -4,7 +4,11 @@ Loading a pickle runs whatever code its author put in it, so a cache directory a
 write to would be a way in. This format holds only arrays (``numpy.load`` with
 ``allow_pickle=False``) and JSON; an entry of another format version, for another key or
 vocabulary, or with an array out of range is refused (:class:`StoredGrammarError`), and the
-cache rebuilds it. The masks are not stored: they are computed lazily from the automaton.
+cache rebuilds it. What is stored is what the lazy automaton is built from (the flattened
+IR, the called rules, the start rule and the limits: :class:`AutomatonSource`); the kernel
+checks every index before it builds (``native/lazy_build.hpp``: is_well_formed). Neither the
+DFA states made so far nor the masks are stored: both are made again as decoding reaches
+them.
 """
 
 from __future__ import annotations
@@ -19,16 +23,24 @@ from typing import Any
 
 import numpy as np
 
+from formline.automata.native_build import AutomatonSource
 from formline.errors import FormlineError
+from formline.grammar.ir import FlatGrammar, GrammarError
 from formline.mask.compiled import CompiledGrammar, CompileStatistics
 from formline.native import NativeTokenTable
-from formline.parser.pushdown import PushdownAutomaton
+from formline.parser.pushdown import build_from_source
 from formline.vocab import Vocabulary
 
 FORMAT = "formline-compiled-grammar"
-FORMAT_VERSION = 2
+FORMAT_VERSION = 3  # 3: the lazy automaton's build inputs (2: the whole eager automaton)
 SUFFIX = ".npz"
 STALE_SECONDS = 3600  # a temporary file this old belongs to no running writer
+ARRAYS = ("kind", "a", "b", "c", "children", "data", "range_pairs")  # FlatGrammar.arrays()
+DTYPES = (
+    ("kind", np.int8), ("a", np.int32), ("b", np.int32), ("c", np.int32),
+    ("children", np.int32), ("data", np.uint8), ("range_pairs", np.int32),
+    ("rule_root", np.int32), ("rule_called", np.uint8),
+)  # fmt: skip
 
 
 class StoredGrammarError(FormlineError, ValueError):
@@ -36,30 +48,32 @@ class StoredGrammarError(FormlineError, ValueError):
 
 
 def serialize(compiled: CompiledGrammar) -> bytes:
-    """The compiled grammar's automaton and header as ``.npz`` bytes (zlib-compressed: a
-    transition table is mostly -1). Costs O(automaton size)."""
-    automaton = compiled.automaton
+    """The compiled grammar's build inputs and header as ``.npz`` bytes (zlib-compressed).
+    Costs O(distinct IR nodes).
+
+    Raises:
+        ValueError: the automaton was not built lazily from a grammar (no source to store).
+    """
+    source = compiled.automaton.source
+    if source is None:
+        raise ValueError("only an automaton built from a grammar can be stored")
+    flat = source.flat
     header = {
         "format": FORMAT,
         "version": FORMAT_VERSION,
         "key": compiled.key,
         "vocabulary": compiled.vocabulary.fingerprint(),
-        "start": automaton.start,
-        "stack_limit": automaton.stack_limit,
-        "rule_names": automaton.rule_names,
+        "rule_names": flat.rule_names,
+        "start": source.start,
+        "limits": [source.nfa_state_limit, source.dfa_state_limit, source.stack_limit],
         "seconds": compiled.compile_statistics.seconds,
     }
     buffer = io.BytesIO()
-    np.savez_compressed(
-        buffer,
-        header=np.frombuffer(json.dumps(header).encode(), dtype=np.uint8),
-        transitions=automaton.transitions.astype(np.int32),
-        accepting=automaton.accepting.astype(np.uint8),
-        rule_of_state=automaton.rule_of_state.astype(np.int32),
-        call_begin=automaton.call_begin,
-        call_callee=automaton.call_callee,
-        call_return=automaton.call_return,
-    )
+    arrays: dict[str, Any] = dict(zip(ARRAYS, flat.arrays(), strict=True))
+    arrays["header"] = np.frombuffer(json.dumps(header).encode(), dtype=np.uint8)
+    arrays["rule_root"] = flat.rule_root
+    arrays["rule_called"] = source.rule_called
+    np.savez_compressed(buffer, **arrays)
     return buffer.getvalue()
 
 
@@ -69,9 +83,9 @@ def deserialize(
     """A compiled grammar from :func:`serialize`'s bytes, for ``vocabulary``.
 
     Raises:
-        StoredGrammarError: not this format or version, another key or vocabulary, or an
-            array of the wrong shape or out of range (nothing in it is trusted).
-    Costs O(automaton size).
+        StoredGrammarError: not this format or version, another key or vocabulary, an array
+            of the wrong type or shape, or an index out of range (nothing in it is trusted).
+    Costs the lazy build (the rules' NFAs).
     """
     try:
         with np.load(io.BytesIO(data), allow_pickle=False) as arrays:
@@ -79,7 +93,10 @@ def deserialize(
     except (OSError, ValueError, EOFError, KeyError, zipfile.BadZipFile) as error:
         raise StoredGrammarError(f"not a stored grammar: {error}") from error
     header = _header(loaded, vocabulary, key)
-    automaton = _automaton(loaded, header)
+    try:
+        automaton = build_from_source(_source(loaded, header))
+    except (GrammarError, ValueError, TypeError) as error:
+        raise StoredGrammarError(f"the stored grammar does not build: {error}") from error
     statistics = CompileStatistics(
         seconds=float(header.get("seconds", 0.0)), states=automaton.size, from_cache="disk"
     )
@@ -104,52 +121,38 @@ def _header(arrays: dict[str, np.ndarray], vocabulary: Vocabulary, key: str | No
     return header
 
 
-def _automaton(arrays: dict[str, np.ndarray], header: Any) -> PushdownAutomaton:
-    """Rebuild the automaton, checking every index the kernel will follow."""
+def _source(arrays: dict[str, np.ndarray], header: Any) -> AutomatonSource:
+    """The build inputs, their types and shapes checked (the kernel checks the indices)."""
     try:
-        transitions = arrays["transitions"]
-        accepting = arrays["accepting"]
-        rule_of_state = arrays["rule_of_state"]
-        begin, callee, returning = (
-            arrays[name] for name in ("call_begin", "call_callee", "call_return")
-        )
         rule_names = [str(name) for name in header["rule_names"]]
-        start, stack_limit = int(header["start"]), int(header["stack_limit"])
+        start = int(header["start"])
+        nfa_limit, dfa_limit, stack_limit = (int(limit) for limit in header["limits"])
+        parts = {name: arrays[name] for name in (*ARRAYS, "rule_root", "rule_called")}
     except (KeyError, TypeError, ValueError) as error:
         raise StoredGrammarError(f"the stored grammar misses a part: {error}") from error
-    size = transitions.shape[0] if transitions.ndim == 2 else -1
+    nodes = parts["kind"].shape[0] if parts["kind"].ndim == 1 else -1
     checks = [
-        transitions.ndim == 2 and transitions.shape[1] == 256 and size > 0,
-        transitions.dtype == np.int32 and accepting.shape == (size,),
-        rule_of_state.shape == (size,) and begin.shape == (size + 1,),
-        callee.shape == returning.shape and callee.ndim == 1,
+        all(parts[name].dtype == dtype and parts[name].ndim == 1 for name, dtype in DTYPES),
+        nodes > 0 and all(parts[name].shape == (nodes,) for name in ("a", "b", "c")),
+        parts["rule_root"].shape == parts["rule_called"].shape == (len(rule_names),),
+        parts["range_pairs"].shape[0] % 2 == 0 and 0 <= start < len(rule_names),
+        min(nfa_limit, dfa_limit, stack_limit) > 0 and dfa_limit < 1 << 31,
     ]
     if not all(checks):
         raise StoredGrammarError("the stored grammar's arrays have inconsistent shapes")
-    calls = len(callee)
-    in_range = [
-        bool(((transitions >= -1) & (transitions < size)).all()),
-        begin[0] == 0 and begin[-1] == calls and bool((np.diff(begin) >= 0).all()),
-        bool(
-            ((callee >= 0) & (callee < size)).all()
-            and ((returning >= 0) & (returning < size)).all()
-        ),
-        0 <= start < size and stack_limit > 0,
-        bool(((rule_of_state >= 0) & (rule_of_state < max(1, len(rule_names)))).all()),
-    ]
-    if not all(in_range):
-        raise StoredGrammarError("the stored grammar has an index out of range")
-    return PushdownAutomaton(
-        transitions=np.ascontiguousarray(transitions),
-        accepting=accepting.astype(bool),
-        call_begin=begin,
-        call_callee=callee,
-        call_return=returning,
-        start=start,
+    flat = FlatGrammar(
+        kind=parts["kind"],
+        a=parts["a"],
+        b=parts["b"],
+        c=parts["c"],
+        children=parts["children"],
+        data=parts["data"],
+        range_pairs=parts["range_pairs"],
         rule_names=rule_names,
-        rule_of_state=rule_of_state.astype(np.int32),
-        stack_limit=stack_limit,
+        rule_root=parts["rule_root"],
+        roots={name: int(root) for name, root in zip(rule_names, parts["rule_root"], strict=True)},
     )
+    return AutomatonSource(flat, parts["rule_called"], start, nfa_limit, dfa_limit, stack_limit)
 
 
 def load(

@@ -68,7 +68,7 @@ def free_text_mask(compiled: CompiledGrammar, trigger: bytes) -> np.ndarray:
     flags[[*vocabulary.eos_ids, *vocabulary.special_ids]] = False
     for token, piece in enumerate(vocabulary.token_bytes):
         at = piece.find(trigger)
-        if at >= 0 and automaton.advance(start, piece[at:]) is None:
+        if at >= 0 and compiled.advance_bytes(start, piece[at:]) is None:
             flags[token] = False
     words = np.packbits(flags, bitorder="little")
     padded = np.zeros(4 * ((words.size + 3) // 4), dtype=np.uint8)

@@ -1,7 +1,7 @@
 """The compiled kernels, C++ bound by Cython in ``_kernel.pyx``: the mask kernel and the
-parser's token step (``kernel.hpp``), the automaton build from the flattened IR
-(``thompson.hpp``, ``hopcroft.hpp``, ``pushdown_build.hpp``) and the automata routines of the
-reference path (``dfa.hpp``); used by :mod:`formline.grammar`, :mod:`formline.automata`,
+parser's token step (``kernel.hpp``), the lazy automaton (``automaton.hpp``) and its build
+from the flattened IR (``thompson.hpp``, ``lazy_build.hpp``), and the automata routines of
+the reference path (``dfa.hpp``); used by :mod:`formline.grammar`, :mod:`formline.automata`,
 :mod:`formline.parser` and :mod:`formline.mask`, importing none of formline.
 
 Built by the package's install (``pip install -e .`` compiles it in place); there is no pure
@@ -12,10 +12,12 @@ kernel with.
 
 from formline.native._kernel import (
     STACK_LIMIT_EXCEEDED,
+    STATE_LIMIT_EXCEEDED,
+    NativeAutomaton,
     NativeMaskKernel,
     NativeTokenTable,
     apply_bitmask,
-    build_pushdown,
+    build_automaton,
     copy_mask,
     copy_mask_row,
     copy_masks,
@@ -32,10 +34,12 @@ from formline.native._kernel import (
 
 __all__ = [
     "STACK_LIMIT_EXCEEDED",
+    "STATE_LIMIT_EXCEEDED",
+    "NativeAutomaton",
     "NativeMaskKernel",
     "NativeTokenTable",
     "apply_bitmask",
-    "build_pushdown",
+    "build_automaton",
     "copy_mask",
     "copy_mask_row",
     "copy_masks",

@@ -18,21 +18,40 @@ class NativeTokenTable:
     def max_depth(self) -> int: ...
 
 STACK_LIMIT_EXCEEDED: int
+STATE_LIMIT_EXCEEDED: int
 
-class NativeMaskKernel:
-    words: int
-    size: int
-    def __init__(
-        self,
-        table: NativeTokenTable,
+class NativeAutomaton:
+    @staticmethod
+    def from_tables(
         transitions: np.ndarray,
         accepting: np.ndarray,
         call_begin: np.ndarray,
         call_callee: np.ndarray,
         call_return: np.ndarray,
-        escapes_possible: np.ndarray,
-        eos_ids: np.ndarray,
+        rule_of_state: np.ndarray,
         stack_limit: int,
+    ) -> NativeAutomaton: ...
+    @property
+    def size(self) -> int: ...
+    @property
+    def capacity(self) -> int: ...
+    @property
+    def stack_limit(self) -> int: ...
+    @property
+    def failed(self) -> bool: ...
+    def row(self, state: int) -> bytes: ...
+    def state(self, state: int) -> tuple[bool, bool, tuple[tuple[int, int], ...], int]: ...
+    def expand_all(self) -> int: ...
+    def tables(self) -> dict[str, bytes]: ...
+    def memory_bytes(self) -> int: ...
+
+class NativeMaskKernel:
+    words: int
+    def __init__(
+        self,
+        table: NativeTokenTable,
+        automaton: NativeAutomaton,
+        eos_ids: np.ndarray,
         cache_limit_bytes: int,
     ) -> None: ...
     def fill(self, stacks: frozenset[tuple[int, ...]], can_end: bool, out: np.ndarray) -> int: ...
@@ -80,7 +99,7 @@ def determinize(
     accept: int,
     state_limit: int,
 ) -> tuple[bytes, int, bytes, bytes, bytes, bytes, bytes, int] | None: ...
-def build_pushdown(
+def build_automaton(
     kind: np.ndarray,
     a: np.ndarray,
     b: np.ndarray,
@@ -92,7 +111,8 @@ def build_pushdown(
     rule_called: np.ndarray,
     start: int,
     nfa_limit: int,
-    dfa_limit: int,
+    capacity: int,
+    stack_limit: int,
     seconds: float,
 ) -> dict[str, Any]: ...
 def rule_references(

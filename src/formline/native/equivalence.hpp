@@ -15,6 +15,8 @@
 #include <utility>
 #include <vector>
 
+#include "walk.hpp"
+
 namespace formline {
 
 // Breadth first over pairs of states from `start`, each pair once (met again deeper, it has
@@ -57,11 +59,11 @@ int32_t pair_depth(std::pair<int32_t, int32_t> start, int32_t limit, size_t most
 // (at most 2,048 pairs): a counted string's positions pair up with their UTF-8 and escape
 // states, so the kernel's limit of 16 bytes took 54-91 µs a search on Llama-3 (of a 0.3 ms
 // alike walk).
-inline int32_t equal_depth(const int32_t* transitions, const uint8_t* special, int32_t a,
-                           int32_t b, int32_t limit) {
+inline int32_t equal_depth(const Automaton& automaton, int32_t a, int32_t b, int32_t limit) {
+  const uint8_t* special = automaton.special;
   const auto expand = [&](std::pair<int32_t, int32_t> pair, const auto& add) {
-    const int32_t* row_a = transitions + static_cast<int64_t>(pair.first) * 256;
-    const int32_t* row_b = transitions + static_cast<int64_t>(pair.second) * 256;
+    const int32_t* row_a = automaton.row(pair.first);
+    const int32_t* row_b = automaton.row(pair.second);
     for (int byte = 0; byte < 256; ++byte) {
       const int32_t to_a = row_a[byte], to_b = row_b[byte];
       if (to_a == to_b) continue;  // both dead, or one state: alike from here
@@ -81,11 +83,11 @@ inline int32_t equal_depth(const int32_t* transitions, const uint8_t* special, i
 // content up to 100 bytes that way, though it is not in a loop (its next position is
 // another state): its walk then takes the piece's mask for the tokens that short and visits
 // only the rest. Costs 256 reads per pair (435 pairs for 32 bytes of maxLength 100).
-inline int32_t piece_depth(const int32_t* transitions, const uint8_t* special,
-                           const int8_t* piece, int32_t state, int32_t position, int32_t limit,
-                           size_t most_pairs) {
+inline int32_t piece_depth(const Automaton& automaton, const int8_t* piece, int32_t state,
+                           int32_t position, int32_t limit, size_t most_pairs) {
+  const uint8_t* special = automaton.special;
   const auto expand = [&](std::pair<int32_t, int32_t> pair, const auto& add) {
-    const int32_t* row = transitions + static_cast<int64_t>(pair.first) * 256;
+    const int32_t* row = automaton.row(pair.first);
     const int8_t* inside = piece + pair.second * 256;
     for (int byte = 0; byte < 256; ++byte) {
       if (inside[byte] < 0) continue;  // leaves the piece: not the piece's to answer
@@ -100,8 +102,9 @@ inline int32_t piece_depth(const int32_t* transitions, const uint8_t* special,
 
 // A state's row shape: which bytes are dead, which go to which special state, which to some
 // plain state. Only states of one shape are asked for equal_depth.
-inline uint64_t row_shape(const int32_t* transitions, const uint8_t* special, int32_t state) {
-  const int32_t* row = transitions + static_cast<int64_t>(state) * 256;
+inline uint64_t row_shape(const Automaton& automaton, int32_t state) {
+  const uint8_t* special = automaton.special;
+  const int32_t* row = automaton.row(state);
   uint64_t hash = 1469598103934665603ull;
   for (int byte = 0; byte < 256; ++byte) {
     const int32_t to = row[byte];

@@ -83,19 +83,17 @@ constexpr int kDeferred = 1;  // walk_state_scheduled's answer for kDeferToMate
 
 class MaskKernel {
  public:
-  MaskKernel(const TokenTable* table, Automaton automaton, std::vector<uint8_t> escapes_possible,
+  MaskKernel(const TokenTable* table, std::shared_ptr<LazyAutomaton> automaton,
              std::vector<int32_t> eos_ids, int64_t cache_limit_bytes)
       : table_(table),
-        automaton_(std::move(automaton)),
-        escapes_possible_(std::move(escapes_possible)),
+        owner_(std::move(automaton)),
+        automaton_(owner_.get()),
         eos_ids_(std::move(eos_ids)),
         cache_limit_bytes_(cache_limit_bytes),
-        states_(automaton_.size),
-        closed_(automaton_.size, nullptr),
-        closed_bit_(automaton_.size, 0),
-        closed_piece_(automaton_.size, nullptr) {
-    find_closed_subtrees();
-  }
+        closed_(owner_->capacity()),
+        closed_bit_(owner_->capacity()),
+        closed_piece_(owner_->capacity()),
+        piece_known_(owner_->capacity()) {}
 
   int32_t words() const { return table_->words; }
 
@@ -122,7 +120,7 @@ class MaskKernel {
     }
     if (can_end)
       for (int32_t token : eos_ids_) out[token >> 5] |= 1u << (token & 31);
-    return 0;
+    return owner_->failed() ? kStateLimitExceeded : 0;
   }
 
   // accept_token's parser step (Python: PushdownAutomaton.advance): reads `length` bytes
@@ -155,6 +153,7 @@ class MaskKernel {
         flags = 0;
       }
     }
+    if (owner_->failed()) return kStateLimitExceeded;
     if (current.empty() && !(flags & 1)) return kDead;
     out.swap(current);
     return flags & 1;
@@ -167,24 +166,25 @@ class MaskKernel {
   int walk_state_scheduled(int32_t state, int mode) {
     int status = 0;
     state_data(state, status, mode);
-    return status;
+    return status == 0 && owner_->failed() ? kStateLimitExceeded : status;
   }
 
   // How many bytes `state` reads (a batch walks the widest states first). Costs 256 reads.
   int32_t live_byte_count(int32_t state) const {
-    const int32_t* row = automaton_.transitions + static_cast<int64_t>(state) * 256;
+    const int32_t* row = automaton_.row(state);
     return static_cast<int32_t>(std::count_if(row, row + 256, [](int32_t t) { return t >= 0; }));
   }
 
   bool is_walked(int32_t state) {
     std::lock_guard<std::mutex> guard(mutex_);
-    return states_[state] != nullptr;
+    return known(state) != nullptr;
   }
 
   KernelStatistics statistics() {
     std::lock_guard<std::mutex> guard(mutex_);
     KernelStatistics result = statistics_;
     result.memory_bytes = static_cast<int64_t>(memory_bytes_);
+    result.closed_states = closed_states_.load(std::memory_order_relaxed);
     return result;
   }
 
@@ -193,15 +193,16 @@ class MaskKernel {
                                               int mode = kWalkNow) {
     {
       std::lock_guard<std::mutex> guard(mutex_);
-      if (states_[state]) return states_[state];  // a fill's usual case: no shape needed
+      if (const auto& data = known(state)) return data;  // a fill's usual case: no shape
     }
+    check_piece(state);  // before its shape: a piece's states offer no alike walk
     const uint64_t shape = shape_of(state);
     {
       // Computed outside the lock, so rows on other threads walk other states meanwhile; a
       // thread that needs a state another is walking waits for it instead of walking twice.
       std::unique_lock<std::mutex> guard(mutex_);
       for (;;) {
-        if (states_[state]) return states_[state];
+        if (const auto& data = known(state)) return data;
         if (walking_.count(state) == 0) {
           if (mode == kWalkNow || !is_mate_walking(state, shape)) break;
           // A mate of one row shape helps only if the two agree for kAlikeMinimum bytes: a
@@ -255,7 +256,7 @@ class MaskKernel {
   // The row shape that groups `state` with the states whose walks it may reuse (0: none).
   uint64_t shape_of(int32_t state) const {
     if (automaton_.special[state] || closed_[state] != nullptr) return 0;
-    return row_shape(automaton_.transitions, automaton_.special.data(), state);
+    return row_shape(automaton_, state);
   }
 
   // Whether a state of `state`'s shape is being walked while none is walked yet (mutex_ held).
@@ -264,7 +265,7 @@ class MaskKernel {
     auto found = shapes_.find(shape);
     if (found == shapes_.end()) return true;
     for (int32_t known : found->second)
-      if (states_[known] && escapes_possible_[known] == escapes_possible_[state]) return false;
+      if (this->known(known) && may_escape(known) == may_escape(state)) return false;
     return true;
   }
 
@@ -272,9 +273,8 @@ class MaskKernel {
   // bytes, so that its walk could reuse that mate's.
   bool is_alike_to_any(int32_t state, const std::vector<int32_t>& mates) const {
     for (int32_t mate : mates)
-      if (escapes_possible_[mate] == escapes_possible_[state] &&
-          equal_depth(automaton_.transitions, automaton_.special.data(), state, mate,
-                      kAlikeMinimum) >= kAlikeMinimum)
+      if (may_escape(mate) == may_escape(state) &&
+          equal_depth(automaton_, state, mate, kAlikeMinimum) >= kAlikeMinimum)
         return true;
     return false;
   }
@@ -292,6 +292,9 @@ class MaskKernel {
     WalkOptions options;
     options.below = closed_.data();
     options.bit = closed_bit_.data();
+    options.piece_known = piece_known_.data();
+    options.check_piece = &MaskKernel::check_piece_of;
+    options.context = this;
     options.longest_below = table_->longest_below.data();
     std::shared_ptr<const ClosedPiece> piece_owner;
     const ClosedPiece* piece = closed_piece_[state];
@@ -321,7 +324,7 @@ class MaskKernel {
       options.longer_than = alike_to;
     }
     const Trie& trie = table_->trie;
-    if (escapes_possible_[state])
+    if (may_escape(state))
       status = alike ? walk<true, true>(automaton_, trie, start, inside.data(), &escapes, &options)
                      : walk<true>(automaton_, trie, start, inside.data(), &escapes, &options);
     else
@@ -346,7 +349,7 @@ class MaskKernel {
     data->escape_list = std::move(escapes);
     data->inside = intern(std::move(inside));  // takes the lock itself, briefly
     std::lock_guard<std::mutex> guard(mutex_);
-    if (states_[state]) return states_[state];
+    if (const auto& known_data = known(state)) return known_data;
     statistics_.escape_entries += static_cast<int64_t>(data->escape_entries());
     statistics_.alike_walks += alike != nullptr;
     statistics_.bounded_walks += piece_owner != nullptr;
@@ -357,7 +360,7 @@ class MaskKernel {
   std::shared_ptr<const StateData> remember(int32_t state, uint64_t shape,
                                             std::shared_ptr<const StateData> data, bool shaped) {
     std::lock_guard<std::mutex> guard(mutex_);
-    if (states_[state]) return states_[state];
+    if (const auto& known_data = known(state)) return known_data;
     statistics_.alike_walks += 1;
     return remember_locked(state, shape, std::move(data), shaped, false);
   }
@@ -369,6 +372,8 @@ class MaskKernel {
     if (is_new) memory_bytes_ += data->memory_bytes;
     statistics_.states_walked += 1;
     if (memory_bytes_ > static_cast<size_t>(cache_limit_bytes_)) forget();
+    if (static_cast<size_t>(state) >= states_.size())
+      states_.resize(std::max<size_t>(static_cast<size_t>(state) + 1, 2 * states_.size()));
     states_[state] = data;
     if (shaped) {
       std::vector<int32_t>& known = shapes_[shape];
@@ -395,14 +400,13 @@ class MaskKernel {
       auto found = shapes_.find(shape);
       if (found == shapes_.end()) return 0;
       for (auto known = found->second.rbegin(); known != found->second.rend(); ++known)
-        if (states_[*known] && escapes_possible_[*known] == escapes_possible_[state])
-          candidates.emplace_back(*known, states_[*known]);
+        if (this->known(*known) && may_escape(*known) == may_escape(state))
+          candidates.emplace_back(*known, this->known(*known));
     }
     const int32_t limit = std::min(table_->trie.max_depth, kAlikeEnough);
     int32_t best = 0;
     for (const auto& candidate : candidates) {
-      const int32_t depth = equal_depth(automaton_.transitions, automaton_.special.data(),
-                                        state, candidate.first, limit);
+      const int32_t depth = equal_depth(automaton_, state, candidate.first, limit);
       if (depth > best) best = depth, alike = candidate.second;
       if (best >= limit) break;
     }
@@ -426,8 +430,8 @@ class MaskKernel {
   // string); a state with fewer than kClosedMinimum plain bytes is not asked (256 reads).
   std::shared_ptr<const ClosedPiece> bounded_piece(int32_t state, int32_t& position,
                                                    int32_t& bound) const {
-    const int32_t* row = automaton_.transitions + static_cast<int64_t>(state) * 256;
-    const uint8_t* special = automaton_.special.data();
+    const int32_t* row = automaton_.row(state);
+    const uint8_t* special = automaton_.special;
     int live = 0;
     for (int byte = 0; byte < 256; ++byte) live += row[byte] >= 0 && !special[row[byte]];
     if (live < kClosedMinimum) return nullptr;
@@ -461,8 +465,8 @@ class MaskKernel {
     const int32_t limit = std::min(table_->trie.max_depth, kBoundedEnough);
     for (size_t k = 0; k < candidates.size() && k < kBoundedAsked && best == nullptr; ++k) {
       const auto& piece = *candidates[k].piece;
-      const int32_t depth = piece_depth(automaton_.transitions, special, piece->transitions.data(),
-                                        state, candidates[k].q, limit, kBoundedPairs);
+      const int32_t depth = piece_depth(automaton_, piece->transitions.data(), state,
+                                        candidates[k].q, limit, kBoundedPairs);
       if (depth > best_depth) best = piece, best_depth = depth, position = candidates[k].q;
     }
     if (best == nullptr) return nullptr;
@@ -505,28 +509,35 @@ class MaskKernel {
   static constexpr size_t kPieceSearch = 64;
 
   // The plain states reachable from `state` (at most kPieceSearch) that reach it back, and
-  // the piece's transitions among them (count x 256, -1: leaves the piece). `index`
-  // (automaton size, all -1) is scratch, left all -1 again. Costs kPieceSearch x 256 table
-  // reads at most: a kernel's setup costs 24 µs a string field with the pieces (0.96 ms for
-  // 32 fields, 0.20 without them; 2.05 before the edges were kept flat).
-  std::vector<int32_t> component_of(int32_t state, std::vector<int32_t>& index,
-                                    std::vector<int8_t>& piece) const {
+  // the piece's transitions among them (count x 256, -1: leaves the piece). Costs
+  // kPieceSearch x 256 row reads at most (their rows expanded): 24 µs a string field's piece.
+  std::vector<int32_t> component_of(int32_t state, std::vector<int8_t>& piece) const {
     std::vector<int32_t> reached{state};
     std::vector<std::pair<int32_t, int32_t>> edges;  // (from, to) positions in `reached`
-    index[state] = 0;
+    // A state's place in `reached`: a linear search of at most kPieceSearch, once per byte
+    // range to one state (a string's content reads 94 bytes as about 5 ranges).
+    auto place_of = [&](int32_t target) -> int32_t {
+      const auto found = std::find(reached.begin(), reached.end(), target);
+      return found == reached.end() ? -1 : static_cast<int32_t>(found - reached.begin());
+    };
+    std::vector<std::vector<std::pair<int, int32_t>>> ranges;  // per reached: (byte, place)
     for (size_t k = 0; k < reached.size(); ++k) {
-      const int32_t* row = automaton_.transitions + static_cast<int64_t>(reached[k]) * 256;
-      int32_t last = -1;
+      const int32_t* row = automaton_.row(reached[k]);
+      ranges.emplace_back();
+      int32_t last = -1, last_place = -1;
       for (int byte = 0; byte < 256; ++byte) {
         const int32_t next = row[byte];
-        if (next < 0 || next == last || automaton_.special[next]) continue;
-        last = next;  // a byte range to one state: one edge
-        if (index[next] < 0) {
-          if (reached.size() >= kPieceSearch) continue;
-          index[next] = static_cast<int32_t>(reached.size());
-          reached.push_back(next);
+        if (next < 0 || automaton_.special[next]) continue;
+        if (next != last) {
+          last = next;
+          last_place = place_of(next);
+          if (last_place < 0 && reached.size() < kPieceSearch) {
+            last_place = static_cast<int32_t>(reached.size());
+            reached.push_back(next);
+          }
+          if (last_place >= 0) edges.emplace_back(static_cast<int32_t>(k), last_place);
         }
-        edges.emplace_back(static_cast<int32_t>(k), index[next]);
+        if (last_place >= 0) ranges[k].emplace_back(byte, last_place);
       }
     }
     // Those that reach `state` back: relax the reversed edges until nothing changes (a
@@ -545,44 +556,57 @@ class MaskKernel {
       piece.assign(members.size() * 256, -1);
       for (size_t k = 0; k < reached.size(); ++k) {
         if (position[k] < 0) continue;
-        const int32_t* row = automaton_.transitions + static_cast<int64_t>(reached[k]) * 256;
-        for (int byte = 0; byte < 256; ++byte) {
-          const int32_t next = row[byte];
-          // `index` still maps a reached state to its place (a search of `reached` per
-          // byte was half of a median MaskBench schema's kernel setup).
-          if (next < 0 || automaton_.special[next] || index[next] < 0) continue;
-          if (position[index[next]] >= 0)
-            piece[position[k] * 256 + byte] = static_cast<int8_t>(position[index[next]]);
-        }
+        for (const auto& [byte, place] : ranges[k])
+          if (position[place] >= 0) piece[position[k] * 256 + byte] = static_cast<int8_t>(position[place]);
       }
     }
-    for (int32_t member : reached) index[member] = -1;
     return members;
   }
 
-  void find_closed_subtrees() {
-    std::vector<int32_t> index(static_cast<size_t>(automaton_.size), -1);
-    std::vector<int8_t> piece;
-    for (int32_t state = 0; state < automaton_.size; ++state) {
-      if (automaton_.special[state] || closed_[state] != nullptr) continue;
-      const int32_t* row = automaton_.transitions + static_cast<int64_t>(state) * 256;
+  // Finds `state`'s piece the first time a walk meets it (once per state; a state whose
+  // piece another state found is known already). A plain state with fewer than
+  // kClosedMinimum self-loops starts no piece.
+  void check_piece(int32_t state) {
+    if (__atomic_load_n(&piece_known_[state], __ATOMIC_ACQUIRE)) return;
+    std::lock_guard<std::mutex> guard(piece_mutex_);
+    if (piece_known_[state]) return;
+    if (!automaton_.special[state] && closed_[state] == nullptr) {
+      const int32_t* row = automaton_.row(state);
       int loops = 0;
       for (int byte = 0; byte < 256; ++byte) loops += row[byte] == state;
-      if (loops < kClosedMinimum) continue;
-      std::vector<int32_t> members = component_of(state, index, piece);
-      if (members.size() > static_cast<size_t>(TokenTable::kPieceStates)) continue;
-      auto closed = table_->closed_below(piece);
-      if (closed == nullptr) continue;
-      for (size_t k = 0; k < members.size(); ++k) {
-        if (closed_[members[k]] != nullptr) continue;
-        closed_[members[k]] = closed->below.data();
-        closed_bit_[members[k]] = static_cast<uint8_t>(k);
-        closed_piece_[members[k]] = closed.get();
-        statistics_.closed_states += 1;
+      std::vector<int8_t> piece;
+      std::vector<int32_t> members;
+      if (loops >= kClosedMinimum) members = component_of(state, piece);
+      auto closed = members.empty() || members.size() > static_cast<size_t>(TokenTable::kPieceStates)
+                        ? nullptr
+                        : table_->closed_below(piece);
+      if (closed != nullptr) {
+        for (size_t k = 0; k < members.size(); ++k) {
+          const int32_t member = members[k];
+          if (closed_[member] != nullptr) continue;
+          closed_bit_[member] = static_cast<uint8_t>(k);
+          closed_piece_[member] = closed.get();
+          __atomic_store_n(&closed_[member], closed->below.data(), __ATOMIC_RELEASE);
+          __atomic_store_n(&piece_known_[member], 1, __ATOMIC_RELEASE);
+          closed_states_.fetch_add(1, std::memory_order_relaxed);
+        }
+        closed_owners_.push_back(std::move(closed));
       }
-      closed_owners_.push_back(std::move(closed));
     }
+    __atomic_store_n(&piece_known_[state], 1, __ATOMIC_RELEASE);
   }
+
+  static void check_piece_of(void* kernel, int32_t state) {
+    static_cast<MaskKernel*>(kernel)->check_piece(state);
+  }
+
+  // A walked state's data (mutex_ held), or nullptr.
+  const std::shared_ptr<const StateData>& known(int32_t state) const {
+    static const std::shared_ptr<const StateData> none;
+    return static_cast<size_t>(state) < states_.size() ? states_[state] : none;
+  }
+
+  bool may_escape(int32_t state) const { return owner_->escapes_possible(state); }
 
   // Identical inside masks (the string states of different fields) share one copy. The hash
   // and the comparisons (16 KB each on Llama-3) run outside the lock, which a batch's other
@@ -666,21 +690,26 @@ class MaskKernel {
   }
 
   const TokenTable* table_;
+  std::shared_ptr<LazyAutomaton> owner_;
   Automaton automaton_;
-  std::vector<uint8_t> escapes_possible_;
   std::vector<int32_t> eos_ids_;
   int64_t cache_limit_bytes_;
   std::mutex mutex_;
   std::condition_variable walked_;
   std::unordered_set<int32_t> walking_;
   std::unordered_map<uint64_t, std::vector<int32_t>> walking_shapes_;  // shape -> being walked
-  std::vector<std::shared_ptr<const StateData>> states_;
+  std::vector<std::shared_ptr<const StateData>> states_;  // by state, grown as walked
   std::unordered_map<uint64_t, std::vector<int32_t>> shapes_;  // row shape -> walked states
-  // by state: closed_piece_[state]->below.data(), or nullptr (one load per trie node in walk)
-  std::vector<const uint16_t*> closed_;
-  std::vector<uint8_t> closed_bit_;       // by state: its bit in closed_'s piece
-  std::vector<const ClosedPiece*> closed_piece_;  // by state: its piece, or nullptr
+  // By state, up to the automaton's capacity (zeroed, read without a lock by the walks):
+  // closed_piece_[state]->below.data() or nullptr (one load per trie node in walk), its bit
+  // in that piece, its piece, and whether check_piece has seen it.
+  ZeroedArray<const uint16_t*> closed_;
+  ZeroedArray<uint8_t> closed_bit_;
+  ZeroedArray<const ClosedPiece*> closed_piece_;
+  ZeroedArray<uint8_t> piece_known_;
+  std::mutex piece_mutex_;  // check_piece's: pieces are found one at a time
   std::vector<std::shared_ptr<const ClosedPiece>> closed_owners_;
+  std::atomic<int64_t> closed_states_{0};
   std::unordered_map<std::vector<int32_t>, std::shared_ptr<const std::vector<int32_t>>, VectorHash>
       escape_cache_;
   std::unordered_map<uint64_t, std::vector<std::shared_ptr<const std::vector<uint32_t>>>>
@@ -689,33 +718,12 @@ class MaskKernel {
   KernelStatistics statistics_;
 };
 
-inline MaskKernel* new_mask_kernel(const TokenTable* table, int32_t size,
-                                   const int32_t* transitions, const uint8_t* accepting,
-                                   const int32_t* call_begin, const int32_t* call_callee,
-                                   const int32_t* call_return, const uint8_t* escapes_possible,
-                                   const int32_t* eos_ids, int32_t eos_count, int32_t stack_limit,
+inline MaskKernel* new_mask_kernel(const TokenTable* table,
+                                   std::shared_ptr<LazyAutomaton> automaton,
+                                   const int32_t* eos_ids, int32_t eos_count,
                                    int64_t cache_limit_bytes) {
-  Automaton automaton;
-  automaton.size = size;
-  automaton.stack_limit = stack_limit;
-  automaton.transitions = transitions;
-  automaton.accepting.assign(accepting, accepting + size);
-  automaton.call_begin.assign(call_begin, call_begin + size + 1);
-  automaton.call_callee.assign(call_callee, call_callee + call_begin[size]);
-  automaton.call_return.assign(call_return, call_return + call_begin[size]);
-  automaton.has_bytes.assign(size, 0);
-  automaton.special.assign(size, 0);
-  automaton.tail.assign(size, 0);
-  for (int32_t state = 0; state < size; ++state) {
-    const int32_t* row = automaton.transitions + static_cast<int64_t>(state) * 256;
-    automaton.has_bytes[state] = std::any_of(row, row + 256, [](int32_t t) { return t >= 0; });
-    const bool calls = call_begin[state + 1] > call_begin[state];
-    automaton.special[state] = accepting[state] || calls;
-    automaton.tail[state] = accepting[state] && !automaton.has_bytes[state] && !calls;
-  }
-  return new MaskKernel(table, std::move(automaton),
-                        std::vector<uint8_t>(escapes_possible, escapes_possible + size),
-                        std::vector<int32_t>(eos_ids, eos_ids + eos_count), cache_limit_bytes);
+  return new MaskKernel(table, std::move(automaton), std::vector<int32_t>(eos_ids, eos_ids + eos_count),
+                        cache_limit_bytes);
 }
 
 }  // namespace formline

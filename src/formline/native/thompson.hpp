@@ -9,6 +9,10 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdint>
+#include <cstring>
+#include <memory>
+#include <mutex>
+#include <string>
 #include <unordered_map>
 #include <vector>
 
@@ -20,7 +24,7 @@ namespace formline {
 // kind: 0 byte set (ranges [a, b) of range_pairs), 1 literal (bytes [a, b)), 2 sequence and
 // 3 choice (children [a, b)), 4 repeat (child a, minimum b, maximum c, -1 unbounded),
 // 5 rule reference (rule a), 6 except (item a; the excluded strings as (begin, end) pairs
-// into bytes, children [b, c)).
+// into bytes, children [b, c)), 7 minimized (item a).
 struct FlatGrammar {
   const int8_t* kind;
   const int32_t* a;
@@ -32,6 +36,7 @@ struct FlatGrammar {
   const int32_t* rule_root;    // per rule: its body's node
   const uint8_t* rule_called;  // per rule: entered through a call edge, not inlined
   int32_t node_count = 0;
+  int64_t children_count = 0, byte_count = 0, range_count = 0;  // pairs of range_pairs
 };
 
 constexpr int kNfaLimitExceeded = -2;
@@ -98,15 +103,60 @@ inline int determinize_nfa(const ThompsonNfa& nfa, int32_t dfa_limit, Determiniz
   return determinized == 0 ? 0 : kDfaLimitExceeded;
 }
 
+struct MinimalDfa;
+
+// The item automata one grammar's build reuses, by IR node: an Except's item DFA (the object
+// keys of one schema share one item) and a Minimized node's minimal DFA (nullptr: built as it
+// stands). Shared by every rule's build: a schema's numbers are one node that each rule
+// with a number field used to determinise and minimise again (42% of the native build of
+// the slowest MaskBench schemas).
+struct ItemCaches {
+  std::unordered_map<int32_t, DeterminizeResult> except_dfas;
+  std::unordered_map<int32_t, std::shared_ptr<const MinimalDfa>> minimal_dfas;
+};
+
 inline int build_thompson(const FlatGrammar& grammar, int32_t root, int64_t state_limit,
-                          double seconds, ThompsonNfa& nfa);
+                          double seconds, ThompsonNfa& nfa, ItemCaches& caches);
 
 // The names' trie: children sorted by byte, `is_end` where a name ends. From sorted names
 // a node's children arrive in byte order, and a name shares its predecessor's path as far as
-// it shares its bytes, so one comparison with the last child per byte.
+// it shares its bytes, so one comparison with the last child per byte. minimized() merges
+// the nodes with equal subtrees (a DAWG: "North East England" and "South East England" share
+// " England"): the lazy DFA has no minimisation, and a trie's equal suffixes were distinct
+// states each walked on its own (o21108 of the MaskBench sample: 1.6 times the walks).
 struct NameTrie {
   std::vector<std::vector<std::pair<uint8_t, int32_t>>> children{1};
   std::vector<uint8_t> is_end{0};
+  int32_t root = 0;
+
+  // The same strings, equal subtrees once. Children come after parents in a trie built by
+  // insert, so one pass from the last node up numbers every subtree by its signature.
+  NameTrie minimized() const {
+    const int32_t count = static_cast<int32_t>(is_end.size());
+    std::vector<int32_t> merged(count);
+    std::unordered_map<std::vector<int32_t>, int32_t, VectorHash> known;
+    NameTrie out;
+    out.children.clear();
+    out.is_end.clear();
+    std::vector<int32_t> key;
+    for (int32_t node = count - 1; node >= 0; --node) {
+      key.assign(1, is_end[node]);
+      for (const auto& [byte, child] : children[node]) key.push_back(byte), key.push_back(merged[child]);
+      auto found = known.find(key);
+      if (found != known.end()) {
+        merged[node] = found->second;
+        continue;
+      }
+      const int32_t id = static_cast<int32_t>(out.is_end.size());
+      out.is_end.push_back(is_end[node]);
+      out.children.emplace_back();
+      for (const auto& [byte, child] : children[node]) out.children.back().emplace_back(byte, merged[child]);
+      known.emplace(key, id);
+      merged[node] = id;
+    }
+    out.root = merged[0];
+    return out;
+  }
 
   void insert(const uint8_t* data, int32_t length) {
     int32_t node = 0;
@@ -134,11 +184,12 @@ struct NameTrie {
 template <typename NewState>
 int build_except(const FlatGrammar& grammar, int32_t node, int32_t start, int32_t end,
                  int64_t state_limit, double seconds, NewState new_state, ThompsonNfa& nfa,
-                 std::unordered_map<int32_t, DeterminizeResult>& dfas) {
+                 ItemCaches& caches) {
+  auto& dfas = caches.except_dfas;
   auto known = dfas.find(grammar.a[node]);
   if (known == dfas.end()) {
     ThompsonNfa item;
-    int status = build_thompson(grammar, grammar.a[node], state_limit, seconds, item);
+    int status = build_thompson(grammar, grammar.a[node], state_limit, seconds, item, caches);
     if (status != 0) return status;
     if (!item.call_rule.empty()) return kExceptCalls;
     DeterminizeResult dfa;
@@ -147,9 +198,10 @@ int build_except(const FlatGrammar& grammar, int32_t node, int32_t start, int32_
     known = dfas.emplace(grammar.a[node], std::move(dfa)).first;
   }
   const DeterminizeResult& dfa = known->second;
-  NameTrie trie;
+  NameTrie names;
   for (int32_t k = grammar.b[node]; k < grammar.c[node]; k += 2)
-    trie.insert(grammar.bytes + grammar.children[k], grammar.children[k + 1] - grammar.children[k]);
+    names.insert(grammar.bytes + grammar.children[k], grammar.children[k + 1] - grammar.children[k]);
+  const NameTrie trie = names.minimized();
   std::vector<int32_t> class_low(dfa.class_count, 256), class_high(dfa.class_count, -1);
   for (int32_t byte = 0; byte < 256; ++byte) {
     const int32_t c = dfa.classes[byte];
@@ -158,8 +210,8 @@ int build_except(const FlatGrammar& grammar, int32_t node, int32_t start, int32_
   }
   // A pair's key: DFA state and trie node + 1 (0: the trie was left).
   std::unordered_map<uint64_t, int32_t> state_of;
-  std::vector<std::pair<int32_t, int32_t>> pending{{0, 0}};
-  state_of.emplace(1, start);
+  std::vector<std::pair<int32_t, int32_t>> pending{{0, trie.root}};
+  state_of.emplace(static_cast<uint32_t>(trie.root + 1), start);
   auto pair_state = [&](int32_t q, int32_t t) {
     const uint64_t key = (static_cast<uint64_t>(q) << 32) | static_cast<uint32_t>(t + 1);
     auto found = state_of.find(key);
@@ -197,11 +249,212 @@ int build_except(const FlatGrammar& grammar, int32_t node, int32_t start, int32_
   return 0;
 }
 
+// A DFA trimmed to its live states and minimised: by class, its rows; its accepting blocks.
+struct MinimalDfa {
+  int32_t classes[256] = {};
+  int32_t class_count = 0;
+  int32_t states = 0, start = 0;
+  std::vector<int32_t> rows;  // states x class_count, -1: none
+  std::vector<uint8_t> accepting;
+};
+
+constexpr int32_t kMinimizedStates = 4096;  // a larger item is built as it stands
+
+// `dfa` with the states that reach no accepting state removed (their entries -1), then
+// merged by Hopcroft's refinement. nullptr when nothing is live.
+inline std::shared_ptr<const MinimalDfa> minimal_dfa(const DeterminizeResult& dfa) {
+  const int32_t n = dfa.states, columns = dfa.class_count;
+  std::vector<std::vector<int32_t>> sources(n);
+  for (int32_t q = 0; q < n; ++q)
+    for (int32_t c = 0; c < columns; ++c) {
+      const int32_t t = dfa.rows[static_cast<size_t>(q) * columns + c];
+      if (t >= 0) sources[t].push_back(q);
+    }
+  std::vector<uint8_t> live(n, 0);
+  std::vector<int32_t> pending;
+  for (int32_t q = 0; q < n; ++q)
+    if (dfa.accepting[q]) live[q] = 1, pending.push_back(q);
+  while (!pending.empty()) {
+    const int32_t q = pending.back();
+    pending.pop_back();
+    for (int32_t p : sources[q])
+      if (!live[p]) live[p] = 1, pending.push_back(p);
+  }
+  if (n == 0 || !live[0]) return nullptr;
+  std::vector<int32_t> targets(dfa.rows);
+  for (auto& t : targets)
+    if (t >= 0 && !live[t]) t = -1;
+  std::vector<int32_t> partition(n);
+  // Blocks 0 (rejecting) and 1 (accepting), renumbered to 0..count-1 when one is empty.
+  const bool any_rejecting = std::find(dfa.accepting.begin(), dfa.accepting.end(), 0) != dfa.accepting.end();
+  for (int32_t q = 0; q < n; ++q) partition[q] = any_rejecting ? dfa.accepting[q] : 0;
+  hopcroft_refine(targets, n, columns, partition);
+  auto out = std::make_shared<MinimalDfa>();
+  std::copy(dfa.classes.begin(), dfa.classes.end(), out->classes);
+  out->class_count = columns;
+  std::vector<int32_t> block(static_cast<size_t>(n) + 1, -1), representative;
+  for (int32_t q = 0; q < n; ++q)  // live states only: a dead one is never reached
+    if (live[q] && block[partition[q]] < 0)
+      block[partition[q]] = static_cast<int32_t>(representative.size()), representative.push_back(q);
+  out->states = static_cast<int32_t>(representative.size());
+  out->start = block[partition[0]];
+  for (int32_t q : representative) {
+    for (int32_t c = 0; c < columns; ++c) {
+      const int32_t t = targets[static_cast<size_t>(q) * columns + c];
+      out->rows.push_back(t >= 0 ? block[partition[t]] : -1);
+    }
+    out->accepting.push_back(dfa.accepting[q]);
+  }
+  return out;
+}
+
+// The subtree of `root` spelled out in pre-order (kind, then its numbers, bytes and ranges),
+// so that equal items of different grammars have one key; false if it names a rule or an
+// Except (their meaning lies outside the subtree) or passes `limit` bytes.
+inline bool subtree_key(const FlatGrammar& grammar, int32_t root, size_t limit, std::string& out) {
+  auto put = [&](int32_t value) { out.append(reinterpret_cast<const char*>(&value), 4); };
+  std::vector<int32_t> pending{root};
+  while (!pending.empty() && out.size() <= limit) {
+    const int32_t node = pending.back(), a = grammar.a[node], b = grammar.b[node];
+    pending.pop_back();
+    const int8_t kind = grammar.kind[node];
+    put(kind);
+    if (kind == 5 || kind == 6) return false;
+    if (kind == 0) {
+      put(b - a);
+      for (int32_t k = 2 * a; k < 2 * b; ++k) put(grammar.range_pairs[k]);
+    } else if (kind == 1) {
+      put(b - a);
+      out.append(reinterpret_cast<const char*>(grammar.bytes) + a, b - a);
+    } else if (kind == 2 || kind == 3) {
+      put(b - a);
+      for (int32_t k = b - 1; k >= a; --k) pending.push_back(grammar.children[k]);
+    } else if (kind == 4) {
+      put(b), put(grammar.c[node]);
+      pending.push_back(a);
+    } else {
+      pending.push_back(a);
+    }
+  }
+  return out.size() <= limit;
+}
+
+// Minimal DFAs by their item's subtree_key, across builds: a JSON number or a date-time is
+// the same item in most schemas, and its determinisation and minimisation cost 0.05-0.3 ms
+// a build. At most kSharedMinimalEntries (cleared when full), keys of at most 64 KB.
+constexpr size_t kSharedMinimalEntries = 512, kSharedMinimalKeyBytes = 1 << 16;
+
+struct SharedMinimalDfas {
+  std::mutex mutex;
+  std::unordered_map<std::string, std::shared_ptr<const MinimalDfa>> dfas;
+};
+
+inline SharedMinimalDfas& shared_minimal_dfas() {
+  static SharedMinimalDfas shared;
+  return shared;
+}
+
+// Paths start -> end spelling a Minimized node's item (kind 7) through its minimal DFA: one
+// NFA state per block, entered from `start` by an epsilon (the DFA's start may be looped
+// back to, and `start` may be a sibling's too). Returns 0, a status of the item's build, or
+// 1 when the item is to be built as it stands (it calls a rule, or its DFA is large).
+// `caches` holds the minimal DFAs of this build (nullptr: built as it stands).
+template <typename NewState>
+int build_minimized(const FlatGrammar& grammar, int32_t node, int32_t start, int32_t end,
+                    int64_t state_limit, double seconds, NewState new_state, ThompsonNfa& nfa,
+                    ItemCaches& caches) {
+  auto& dfas = caches.minimal_dfas;
+  auto known = dfas.find(grammar.a[node]);
+  if (known == dfas.end()) {
+    std::string key;
+    const bool shareable = subtree_key(grammar, grammar.a[node], kSharedMinimalKeyBytes, key);
+    SharedMinimalDfas& shared = shared_minimal_dfas();
+    std::shared_ptr<const MinimalDfa> minimal;
+    bool found = false;
+    if (shareable) {
+      std::lock_guard<std::mutex> lock(shared.mutex);
+      auto entry = shared.dfas.find(key);
+      if (entry != shared.dfas.end()) minimal = entry->second, found = true;
+    }
+    if (!found) {
+      ThompsonNfa item;
+      const int status =
+          build_thompson(grammar, grammar.a[node], state_limit, seconds, item, caches);
+      if (status != 0) return status;
+      DeterminizeResult dfa;
+      if (item.call_rule.empty() && determinize_nfa(item, kMinimizedStates, dfa) == 0)
+        minimal = minimal_dfa(dfa);
+      if (shareable) {
+        std::lock_guard<std::mutex> lock(shared.mutex);
+        if (shared.dfas.size() >= kSharedMinimalEntries) shared.dfas.clear();
+        shared.dfas.emplace(std::move(key), minimal);
+      }
+    }
+    known = dfas.emplace(grammar.a[node], std::move(minimal)).first;
+  }
+  const MinimalDfa* dfa = known->second.get();
+  if (dfa == nullptr) return 1;
+  std::vector<int32_t> state_of(dfa->states);
+  for (auto& state : state_of) state = new_state();
+  nfa.epsilon_edges.emplace_back(start, state_of[dfa->start]);
+  std::vector<int32_t> class_low(dfa->class_count, 256), class_high(dfa->class_count, -1);
+  for (int32_t byte = 0; byte < 256; ++byte) {
+    const int32_t c = dfa->classes[byte];
+    class_low[c] = std::min(class_low[c], byte);
+    class_high[c] = std::max(class_high[c], byte);
+  }
+  for (int32_t q = 0; q < dfa->states; ++q) {
+    if (dfa->accepting[q]) nfa.epsilon_edges.emplace_back(state_of[q], end);
+    const int32_t* row = dfa->rows.data() + static_cast<size_t>(q) * dfa->class_count;
+    for (int32_t c = 0; c < dfa->class_count; ++c) {
+      if (row[c] < 0) continue;
+      int32_t last = c;  // classes are byte ranges in order: adjacent ones to one block merge
+      while (last + 1 < dfa->class_count && row[last + 1] == row[c]) ++last;
+      nfa.byte_edges.push_back({state_of[q], class_low[c], class_high[last], state_of[row[c]]});
+      c = last;
+    }
+  }
+  return 0;
+}
+
+// Paths start -> end spelling one of the literals `children[a, b)` (a choice of literals: an
+// enum), as their minimal acyclic automaton: the trie of the sorted strings with equal
+// subtrees merged, one NFA state per node. Thompson's one chain per literal left the
+// suffixes the literals share as distinct states of the lazy DFA.
+template <typename NewState>
+void build_literal_choice(const FlatGrammar& grammar, int32_t a, int32_t b, int32_t start,
+                          int32_t end, NewState new_state, ThompsonNfa& nfa) {
+  std::vector<std::pair<const uint8_t*, int32_t>> literals;
+  for (int32_t k = a; k < b; ++k) {
+    const int32_t child = grammar.children[k];
+    literals.emplace_back(grammar.bytes + grammar.a[child], grammar.b[child] - grammar.a[child]);
+  }
+  const auto less = [](const auto& x, const auto& y) {
+    const int compared = std::memcmp(x.first, y.first, static_cast<size_t>(std::min(x.second, y.second)));
+    return compared != 0 ? compared < 0 : x.second < y.second;
+  };
+  std::sort(literals.begin(), literals.end(), less);
+  NameTrie trie;
+  for (const auto& [data, length] : literals) trie.insert(data, length);
+  const NameTrie dawg = trie.minimized();
+  std::vector<int32_t> state_of(dawg.is_end.size(), -1);
+  state_of[dawg.root] = start;
+  std::vector<int32_t> pending{dawg.root};
+  while (!pending.empty()) {
+    const int32_t node = pending.back();
+    pending.pop_back();
+    if (dawg.is_end[node]) nfa.epsilon_edges.emplace_back(state_of[node], end);
+    for (const auto& [byte, child] : dawg.children[node]) {
+      if (state_of[child] < 0) state_of[child] = new_state(), pending.push_back(child);
+      nfa.byte_edges.push_back({state_of[node], byte, byte, state_of[child]});
+    }
+  }
+}
+
 // Builds the NFA of `root` (start state 0, accept state 1). Returns 0, kNfaLimitExceeded past
 // `state_limit` states, or kOutOfTime once `seconds` have passed (checked every 4,096 states).
 inline int build_thompson(const FlatGrammar& grammar, int32_t root, int64_t state_limit,
-                          double seconds, ThompsonNfa& nfa) {
-  std::unordered_map<int32_t, DeterminizeResult> except_dfas;
+                          double seconds, ThompsonNfa& nfa, ItemCaches& caches) {
   using Clock = std::chrono::steady_clock;
   const auto deadline = Clock::now() + std::chrono::duration<double>(seconds);
   int status = 0;
@@ -216,6 +469,11 @@ inline int build_thompson(const FlatGrammar& grammar, int32_t root, int64_t stat
   nfa.states = 2;
   struct Task {
     int32_t node, start, end;
+    bool entered = false;  // `start` is the node's entry already (entry_of made it)
+    // Nothing but this node's build leaves `start` (a fresh state, an entry): a star may
+    // loop on it instead of on a fresh state, so that what leads into the star and what
+    // its body ends on are one state (an array's first item and its others share states).
+    bool owns = false;
   };
   // A composite node with several parents, met again with the same end state, is entered
   // through the states built the first time (an epsilon edge into a fresh entry state, so
@@ -223,9 +481,16 @@ inline int build_thompson(const FlatGrammar& grammar, int32_t root, int64_t stat
   // string but the declared names": the same rest-of-string grammar at every node of the
   // names' trie, which unshared made a 1,035-state NFA and a 705-state DFA for 3 names.
   std::vector<uint8_t> shared(static_cast<size_t>(grammar.node_count), 0);
+  // An inlined reference stands for its rule's body: its body is the node that is shared.
+  const auto body_of = [&](int32_t node) {
+    while (grammar.kind[node] == 5 && !grammar.rule_called[grammar.a[node]])
+      node = grammar.rule_root[grammar.a[node]];
+    return node;
+  };
   {
     std::vector<uint8_t> seen(shared.size(), 0);
     auto count = [&](int32_t child) {
+      child = body_of(child);
       if (seen[child]) shared[child] = 1;
       seen[child] = 1;
     };
@@ -233,20 +498,45 @@ inline int build_thompson(const FlatGrammar& grammar, int32_t root, int64_t stat
       const int8_t kind = grammar.kind[node];
       if (kind == 2 || kind == 3)
         for (int32_t k = grammar.a[node]; k < grammar.b[node]; ++k) count(grammar.children[k]);
-      else if (kind == 4)
+      else if (kind == 4 || kind == 7)
         count(grammar.a[node]);
     }
   }
   std::unordered_map<uint64_t, int32_t> entries;
   // An explicit stack: schemas nest thousands deep, and a thread's C stack is not ours to spend.
-  std::vector<Task> pending{{root, 0, 1}};
+  std::vector<Task> pending{{root, 0, 1, false, true}};
+  const auto is_entered = [&](int32_t node) {
+    const int8_t kind = grammar.kind[node];
+    return shared[node] && kind >= 2 && kind != 5;
+  };
+  // The state a path enters `node` by when `end` follows it: a shared node's entry for that
+  // end (made, and the node's build queued, the first time), else a fresh state with the
+  // build queued. A sequence's items are entered right to left through this, so an item
+  // ends on the next one's entry: "member, then the rest" after "{" and after "," reach one
+  // entry, and the lazy DFA, which is not minimised, has one state where it had two.
+  const auto entry_of = [&](int32_t node, int32_t end) -> int32_t {
+    node = body_of(node);
+    if (is_entered(node)) {
+      const uint64_t key = (static_cast<uint64_t>(node) << 32) | static_cast<uint32_t>(end);
+      auto found = entries.find(key);
+      if (found != entries.end()) return found->second;
+      const int32_t entry = new_state();
+      entries.emplace(key, entry);
+      pending.push_back({node, entry, end, true, true});
+      return entry;
+    }
+    const int32_t entry = new_state();
+    pending.push_back({node, entry, end, false, true});
+    return entry;
+  };
   while (!pending.empty() && status == 0) {
     const Task task = pending.back();
     pending.pop_back();
-    const int32_t node = task.node, end = task.end;
+    const int32_t node = body_of(task.node), end = task.end;
     int32_t start = task.start;
+    bool owns = task.owns;
     const int8_t node_kind = grammar.kind[node];
-    if (shared[node] && node_kind >= 2 && node_kind <= 6 && node_kind != 5) {
+    if (!task.entered && is_entered(node)) {
       const uint64_t key = (static_cast<uint64_t>(node) << 32) | static_cast<uint32_t>(end);
       auto found = entries.find(key);
       if (found != entries.end()) {
@@ -257,6 +547,7 @@ inline int build_thompson(const FlatGrammar& grammar, int32_t root, int64_t stat
       nfa.epsilon_edges.emplace_back(start, entry);
       entries.emplace(key, entry);
       start = entry;
+      owns = true;
     }
     const int32_t a = grammar.a[node], b = grammar.b[node];
     switch (grammar.kind[node]) {
@@ -283,42 +574,49 @@ inline int build_thompson(const FlatGrammar& grammar, int32_t root, int64_t stat
           nfa.epsilon_edges.emplace_back(start, end);
           break;
         }
-        int32_t current = start;
-        for (int32_t k = a; k < b; ++k) {
-          const int32_t following = k == b - 1 ? end : new_state();
-          pending.push_back({grammar.children[k], current, following});
-          current = following;
-        }
+        int32_t target = end;
+        for (int32_t k = b - 1; k > a && status == 0; --k) target = entry_of(grammar.children[k], target);
+        pending.push_back({grammar.children[a], start, target, false, owns});
         break;
       }
-      case 3:
+      case 3: {
+        bool literals = b - a >= 2;
+        for (int32_t k = a; k < b && literals; ++k) literals = grammar.kind[grammar.children[k]] == 1;
+        if (literals) {
+          build_literal_choice(grammar, a, b, start, end, new_state, nfa);
+          break;
+        }
         for (int32_t k = a; k < b; ++k) pending.push_back({grammar.children[k], start, end});
         break;
+      }
       case 4: {
         const int32_t item = a, minimum = b, maximum = grammar.c[node];
         int32_t current = start;
+        bool current_owned = owns;
         for (int32_t k = 0; k < minimum && status == 0; ++k) {
           const int32_t following = new_state();
-          pending.push_back({item, current, following});
+          pending.push_back({item, current, following, false, current_owned});
           current = following;
+          current_owned = true;
         }
         if (maximum < 0) {
-          // Loop through a fresh state so the loop cannot leak into the caller's edges.
-          const int32_t loop = new_state();
-          const int32_t body_end = new_state();
-          nfa.epsilon_edges.emplace_back(current, loop);
-          pending.push_back({item, loop, body_end});
-          nfa.epsilon_edges.emplace_back(body_end, loop);
+          // The body runs from the loop state back to it. A state others leave too (a
+          // choice's start) would let the loop leak into their edges: then a fresh one.
+          const int32_t loop = current_owned ? current : new_state();
+          if (loop != current) nfa.epsilon_edges.emplace_back(current, loop);
+          pending.push_back({item, loop, loop});
           nfa.epsilon_edges.emplace_back(loop, end);
           break;
         }
+        // The last copy ends on `end` itself (an optional item, the commonest, is one copy
+        // from start to end and the empty path), so it shares what follows with its siblings.
         for (int32_t k = minimum; k < maximum && status == 0; ++k) {
           nfa.epsilon_edges.emplace_back(current, end);
-          const int32_t following = new_state();
+          const int32_t following = k == maximum - 1 ? end : new_state();
           pending.push_back({item, current, following});
           current = following;
         }
-        nfa.epsilon_edges.emplace_back(current, end);
+        if (current != end) nfa.epsilon_edges.emplace_back(current, end);
         break;
       }
       case 5:
@@ -326,7 +624,7 @@ inline int build_thompson(const FlatGrammar& grammar, int32_t root, int64_t stat
           nfa.call_edges_rule.emplace_back(start, end);
           nfa.call_rule.push_back(a);
         } else {
-          pending.push_back({grammar.rule_root[a], start, end});
+          pending.push_back({grammar.rule_root[a], start, end, false, owns});
         }
         break;
       case 6: {
@@ -334,8 +632,21 @@ inline int build_thompson(const FlatGrammar& grammar, int32_t root, int64_t stat
             std::chrono::duration<double>(deadline - Clock::now()).count();
         const int built = left <= 0 ? kOutOfTime
                                     : build_except(grammar, node, start, end, state_limit, left,
-                                                   new_state, nfa, except_dfas);
+                                                   new_state, nfa, caches);
         if (built != 0) status = built;
+        break;
+      }
+      case 7: {
+        const double left =
+            std::chrono::duration<double>(deadline - Clock::now()).count();
+        const int built = left <= 0 ? kOutOfTime
+                                    : build_minimized(grammar, node, start, end, state_limit,
+                                                      left, new_state, nfa, caches);
+        if (built == 1) {
+          pending.push_back({a, start, end, false, owns});
+        } else if (built != 0) {
+          status = built;
+        }
         break;
       }
       default:
@@ -351,7 +662,8 @@ inline int compile_rule(const FlatGrammar& grammar, int32_t root, int64_t nfa_li
                         int32_t dfa_limit, double seconds, DeterminizeResult& result,
                         int32_t& nfa_states) {
   ThompsonNfa nfa;
-  const int status = build_thompson(grammar, root, nfa_limit, seconds, nfa);
+  ItemCaches caches;
+  const int status = build_thompson(grammar, root, nfa_limit, seconds, nfa, caches);
   nfa_states = nfa.states;
   if (status != 0) return status;
   return determinize_nfa(nfa, dfa_limit, result);

@@ -12,6 +12,7 @@
 #include <utility>
 #include <vector>
 
+#include "automaton.hpp"
 #include "trie.hpp"
 
 namespace formline {
@@ -44,32 +45,29 @@ struct Config {
   }
 };
 
-// FNV-1a over the values, its high bits folded in (an open-addressing index masks the low).
-inline size_t hash_values(const int32_t* values, size_t length) {
-  uint64_t hash = 1469598103934665603ull;
-  for (size_t k = 0; k < length; ++k) {
-    hash ^= static_cast<uint32_t>(values[k]);
-    hash *= 1099511628211ull;
-  }
-  return static_cast<size_t>(hash ^ (hash >> 29));
-}
-
-struct VectorHash {
-  size_t operator()(const std::vector<int32_t>& values) const {
-    return hash_values(values.data(), values.size());
-  }
-};
-
+// The automaton as the walks read it: a view of a LazyAutomaton (which the kernel keeps
+// alive), its per-state arrays as plain pointers (one load per trie node in the walk).
 struct Automaton {
-  int32_t size = 0;
+  LazyAutomaton* lazy = nullptr;
   int32_t stack_limit = 10000;
-  // size * 256, -1: none. The caller's table, not a copy (NativeMaskKernel keeps the
-  // buffer alive): copying it was a third of the kernel's setup, 7.8 MB for 7,600 states.
-  const int32_t* transitions = nullptr;
-  std::vector<uint8_t> accepting, has_bytes, tail, special;
-  std::vector<int32_t> call_begin, call_callee, call_return;
+  const uint8_t* accepting = nullptr;
+  const uint8_t* has_bytes = nullptr;
+  const uint8_t* tail = nullptr;
+  const uint8_t* special = nullptr;
+  int32_t* const* calls = nullptr;  // per state: nullptr or [count, (callee, return) ...]
 
-  int32_t next(int32_t state, uint8_t byte) const { return transitions[state * 256 + byte]; }
+  Automaton() = default;
+  explicit Automaton(LazyAutomaton* source)
+      : lazy(source),
+        stack_limit(source->stack_limit()),
+        accepting(source->accepting()),
+        has_bytes(source->has_bytes()),
+        tail(source->tail()),
+        special(source->special()),
+        calls(source->calls()) {}
+
+  int32_t next(int32_t state, uint8_t byte) const { return lazy->next(state, byte); }
+  const int32_t* row(int32_t state) const { return lazy->row(state); }
 };
 
 // A per-thread object, reached through one call: in this dlopen'ed module every use of a
@@ -159,12 +157,14 @@ inline int closure(const Automaton& automaton, const Config& raw, Config& out,
     const int32_t top = stack.back();
     if (automaton.has_bytes[top]) out.push(stack.data(), length);
     if (!automaton.special[top]) continue;
-    for (int32_t call = automaton.call_begin[top]; call < automaton.call_begin[top + 1]; ++call) {
-      pending.data.insert(pending.data.end(), stack.begin(), stack.end() - 1);
-      const int32_t returning = automaton.call_return[call];
-      if (!automaton.tail[returning]) pending.data.push_back(returning);
-      pending.data.push_back(automaton.call_callee[call]);
-      pending.starts.push_back(static_cast<int32_t>(pending.data.size()));
+    if (const int32_t* calls = automaton.calls[top]) {
+      for (int32_t call = 0; call < calls[0]; ++call) {
+        pending.data.insert(pending.data.end(), stack.begin(), stack.end() - 1);
+        const int32_t returning = calls[2 + 2 * call];
+        if (!automaton.tail[returning]) pending.data.push_back(returning);
+        pending.data.push_back(calls[1 + 2 * call]);
+        pending.starts.push_back(static_cast<int32_t>(pending.data.size()));
+      }
     }
     if (automaton.accepting[top]) {
       if (length == 1) {
@@ -219,6 +219,12 @@ struct WalkOptions {
   // state that reads as the piece only so far, MaskKernel::bounded_piece; else no bound).
   const uint16_t* start_below = nullptr;
   int32_t piece_bound = INT32_MAX;
+  // Pieces are found as states are first met (the automaton is lazy): by state, whether its
+  // piece is known (`below` and `bit` final); for one not known, check_piece(context, state)
+  // finds it before the walk reads them.
+  const uint8_t* piece_known = nullptr;
+  void (*check_piece)(void*, int32_t) = nullptr;
+  void* context = nullptr;
 };
 
 template <bool RecordEscapes, bool LongOnly = false>
@@ -236,9 +242,13 @@ int walk(const Automaton& automaton, const Trie& trie, const Config& start, uint
   std::vector<Config>& configs = thread_scratch<std::vector<Config>>();
   if (configs.size() < static_cast<size_t>(size)) configs.resize(static_cast<size_t>(size));
   std::vector<int32_t> simple(static_cast<size_t>(size), -1);  // top state, or -1: general
+  // The simple top's row (its address is fixed: a row expanded later fills in place).
+  std::vector<const int32_t*> simple_rows(static_cast<size_t>(size), nullptr);
+  LazyAutomaton* const lazy = automaton.lazy;
   configs[0].data = start.data;
   configs[0].starts = start.starts;
-  if (start.count() == 1) simple[0] = start.data.back();
+  if (start.count() == 1) simple[0] = start.data.back(), simple_rows[0] = lazy->raw_row(simple[0]);
+
   // The start piece's position while every byte so far stayed in it, else -1. A JSON string
   // state's walk on Llama-3 set the bits of the tokens below its closed subtrees one by one;
   // taken as one shared mask, its first mask went from about 300 to 95 µs.
@@ -260,9 +270,14 @@ int walk(const Automaton& automaton, const Trie& trie, const Config& start, uint
   const int32_t* const node_end = trie.end.data();
   const int32_t* const token_begin = trie.token_begin.data();
   const int32_t* const node_tokens = trie.tokens.data();
-  const int32_t* const table = automaton.transitions;
-  const uint8_t* const is_special = automaton.special.data();
+  const uint8_t* const is_special = automaton.special;
+  int32_t* const* const chunks = lazy->chunks();
+  const auto row_of = [chunks](int32_t state) -> const int32_t* {
+    return chunks[state >> LazyAutomaton::kChunkBits] +
+           (static_cast<size_t>(state & (LazyAutomaton::kChunkStates - 1)) << 8);
+  };
   int32_t* const simple_top = simple.data();
+  const int32_t** const simple_row = simple_rows.data();
   uint32_t* __restrict const out = allowed;
   int32_t node = 1;
   const int32_t longer_than = LongOnly ? closed->longer_than : 0;
@@ -276,10 +291,13 @@ int walk(const Automaton& automaton, const Trie& trie, const Config& start, uint
     bool special = false;
     int32_t target = -1;
     if (parent >= 0) {
-      target = table[static_cast<int64_t>(parent) * 256 + node_byte[node]];
+      target = simple_row[depth - 1][node_byte[node]];
       if (target < 0) {
-        node = node_end[node];
-        continue;
+        if (target == kUnknown) target = lazy->expand(parent)[node_byte[node]];
+        if (target < 0) {
+          node = node_end[node];
+          continue;
+        }
       }
       special = is_special[target] != 0;
       const int8_t from = in_piece[depth - 1];
@@ -311,8 +329,17 @@ int walk(const Automaton& automaton, const Trie& trie, const Config& start, uint
     }
     if (parent >= 0 && !special) {
       simple_top[depth] = target;
-      const uint16_t* below = closed != nullptr && closed->below != nullptr
-                                  ? closed->below[target] : nullptr;
+      simple_row[depth] = row_of(target);
+      const uint16_t* below = nullptr;
+      if (closed != nullptr && closed->below != nullptr) {
+        below = __atomic_load_n(&closed->below[target], __ATOMIC_ACQUIRE);
+        // A state in no piece yet may not have been looked at: look (once per state).
+        if (below == nullptr && closed->piece_known != nullptr &&
+            !__atomic_load_n(&closed->piece_known[target], __ATOMIC_ACQUIRE)) {
+          closed->check_piece(closed->context, target);
+          below = __atomic_load_n(&closed->below[target], __ATOMIC_ACQUIRE);
+        }
+      }
       if (below != nullptr && ((below[node] >> closed->bit[target]) & 1u)) {
         // No path below leaves `target`'s piece: all the subtree's tokens, no node visited.
         // A JSON string state's walk on Llama-3 went from 2.5 to 1.1 ms with ASCII

@@ -21,13 +21,15 @@ such as lists run in constant stack depth.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-from functools import cached_property
-
 import numpy as np
 
 from formline.automata.dfa import Dfa, determinize_reference, live_states, minimize, trim
-from formline.automata.native_build import build_tables
+from formline.automata.native_build import (
+    AutomatonSource,
+    build_lazy,
+    source_of,
+    state_limit_error,
+)
 from formline.automata.nfa import build_nfa
 from formline.grammar.budget import (
     DEFAULT_DFA_STATE_LIMIT,
@@ -36,7 +38,7 @@ from formline.grammar.budget import (
     Deadline,
 )
 from formline.grammar.ir import Grammar, GrammarError
-from formline.native import rule_references
+from formline.native import STATE_LIMIT_EXCEEDED, NativeAutomaton, rule_references
 
 Stack = tuple[int, ...]
 BASE = -1  # bottom marker for walks that start in an unknown context
@@ -46,36 +48,70 @@ class ParserLimitError(GrammarError):
     """A parse would keep more stacks than ``stack_limit`` (a highly ambiguous grammar)."""
 
 
-@dataclass
 class PushdownAutomaton:
-    """Global tables of all rule DFAs, numbered consecutively.
+    """A grammar's per-rule DFAs, numbered globally and linked by call edges, held in the
+    kernel (:class:`formline.native.NativeAutomaton`): built lazily by :func:`build_pushdown`
+    (a DFA state is made when a walk or a step first reaches it) or given whole by
+    :meth:`from_tables` (the Python reference build). State 0 is the start.
 
-    The call edges are CSR arrays, as the kernel gives and takes them: state ``s`` calls
-    ``call_callee[k]`` returning to ``call_return[k]`` for ``k`` in ``call_begin[s]`` to
-    ``call_begin[s + 1]``. The per-state Python lists of the Python parser (:meth:`closure`,
-    :meth:`advance`) are made on first use: built at construction they were 0.3 ms of a
-    median MaskBench schema's 6 ms compile, for a table the native matcher never reads.
+    Call edges: state ``s`` calls ``callee`` returning to ``returning`` for each pair of
+    :meth:`calls_of`. The methods here (:meth:`closure`, :meth:`step`, :meth:`advance`, ...)
+    are the parser's reference semantics, read through the kernel's rows one state at a
+    time: the kernel's token step is tested against them, and decoding steps through the
+    kernel (:meth:`formline.mask.compiled.CompiledGrammar.advance_bytes`). The whole tables
+    (:attr:`transitions`, :attr:`accepting`, the call arrays, :attr:`rule_of_state`) make
+    every state first: for tests, storage and small grammars.
     """
 
-    transitions: np.ndarray  # int32 (states, 256), -1: no transition
-    accepting: np.ndarray  # bool (states,)
-    call_begin: np.ndarray  # int32 (states + 1,)
-    call_callee: np.ndarray  # int32 (calls,): the callee rule's start state
-    call_return: np.ndarray  # int32 (calls,): the state the call returns to
-    start: int
-    rule_names: list[str]
-    rule_of_state: np.ndarray  # int32 (states,)
-    stack_limit: int = DEFAULT_STACK_LIMIT
-    table: memoryview = field(init=False, repr=False)
+    def __init__(
+        self,
+        native: NativeAutomaton,
+        rule_names: list[str],
+        stack_limit: int = DEFAULT_STACK_LIMIT,
+        rule_positions: dict[int, int] | None = None,
+    ):
+        self.native = native
+        self.rule_names = rule_names
+        self.stack_limit = stack_limit
+        self.start = 0
+        # The native state's rule index -> its place in rule_names (None: the same).
+        self._rule_positions = rule_positions
+        self._rows: dict[int, memoryview] = {}
+        self._info: dict[int, tuple[bool, bool, tuple[tuple[int, int], ...]]] = {}
+        self._tables: dict[str, np.ndarray] | None = None
+        self.source: AutomatonSource | None = None  # what a lazy build was made from
 
-    def __post_init__(self) -> None:
-        # The byte steps read the table through a flat int32 memoryview, table[state << 8 |
-        # byte]: no copy (rows as Python arrays cost 14 ms of a 30 ms compile of a
-        # 3,000-state schema, or 5 µs per state made on first use, in accept_token's p50).
-        self.transitions = np.ascontiguousarray(self.transitions, dtype=np.int32)
-        self.table = memoryview(self.transitions.reshape(-1).data)
-        for name in ("call_begin", "call_callee", "call_return"):
-            setattr(self, name, np.ascontiguousarray(getattr(self, name), dtype=np.int32))
+    @classmethod
+    def from_tables(
+        cls,
+        transitions: np.ndarray,
+        accepting: np.ndarray,
+        call_begin: np.ndarray,
+        call_callee: np.ndarray,
+        call_return: np.ndarray,
+        start: int,
+        rule_names: list[str],
+        rule_of_state: np.ndarray,
+        stack_limit: int = DEFAULT_STACK_LIMIT,
+    ) -> PushdownAutomaton:
+        """An automaton of whole tables (every state expanded): ``transitions`` int32
+        (states, 256), -1 for none; the calls as CSR arrays; ``start`` must be 0.
+
+        Raises:
+            ValueError: the arrays disagree, an index is out of range, or ``start`` is not 0.
+        """
+        if start != 0:
+            raise ValueError(f"the start state must be state 0, not {start}")
+        native = NativeAutomaton.from_tables(
+            np.ascontiguousarray(transitions, dtype=np.int32),
+            np.ascontiguousarray(accepting, dtype=np.uint8),
+            np.ascontiguousarray(call_begin, dtype=np.int32),
+            np.ascontiguousarray(call_callee, dtype=np.int32),
+            np.ascontiguousarray(call_return, dtype=np.int32),
+            np.ascontiguousarray(rule_of_state, dtype=np.int32),
+            stack_limit,
+        )
+        return cls(native, rule_names, stack_limit)
 
     @classmethod
     def from_call_lists(
@@ -93,74 +129,121 @@ class PushdownAutomaton:
         np.cumsum([len(state_calls) for state_calls in calls], out=begin[1:])
         pairs = np.array([edge for state_calls in calls for edge in state_calls], np.int32)
         pairs = pairs.reshape(-1, 2)
-        return cls(
+        return cls.from_tables(
             transitions, accepting, begin, pairs[:, 0], pairs[:, 1], start, rule_names,
             rule_of_state, stack_limit,
         )  # fmt: skip
 
     @property
+    def size(self) -> int:
+        """States made so far (a lazy automaton grows as decoding reaches states)."""
+        return int(self.native.size)
+
+    def memory_bytes(self) -> int:
+        """Bytes the automaton holds (rows, call lists, the NFA state sets)."""
+        return int(self.native.memory_bytes())
+
+    def tables(self) -> dict[str, np.ndarray]:
+        """The whole automaton as arrays, every state made first: ``transitions``,
+        ``accepting``, ``call_begin``, ``call_callee``, ``call_return``, ``rule_of_state``.
+
+        Raises:
+            AutomatonLimitError: making every state passes the automaton's state limit.
+        Costs a subset construction step per state not yet made, once.
+        """
+        if self._tables is None:
+            if self.native.expand_all() == STATE_LIMIT_EXCEEDED:
+                raise state_limit_error(self.native.capacity)
+            raw = self.native.tables()
+            size = self.size
+            rules = np.frombuffer(raw["rule_of_state"], dtype=np.int32)
+            if self._rule_positions is not None:
+                positions = self._rule_positions
+                rules = np.array([positions[int(rule)] for rule in rules], dtype=np.int32)
+            self._tables = {
+                "transitions": np.frombuffer(raw["transitions"], np.int32).reshape(size, 256),
+                "accepting": np.frombuffer(raw["accepting"], np.uint8).astype(bool),
+                "call_begin": np.frombuffer(raw["call_begin"], np.int32),
+                "call_callee": np.frombuffer(raw["call_callee"], np.int32),
+                "call_return": np.frombuffer(raw["call_return"], np.int32),
+                "rule_of_state": rules,
+            }
+        return self._tables
+
+    @property
+    def transitions(self) -> np.ndarray:
+        """int32 (states, 256), -1: no transition (every state made: see :meth:`tables`)."""
+        return self.tables()["transitions"]
+
+    @property
+    def accepting(self) -> np.ndarray:
+        return self.tables()["accepting"]
+
+    @property
+    def call_begin(self) -> np.ndarray:
+        return self.tables()["call_begin"]
+
+    @property
+    def call_callee(self) -> np.ndarray:
+        return self.tables()["call_callee"]
+
+    @property
+    def call_return(self) -> np.ndarray:
+        return self.tables()["call_return"]
+
+    @property
+    def rule_of_state(self) -> np.ndarray:
+        return self.tables()["rule_of_state"]
+
+    @property
     def calls(self) -> list[tuple[tuple[int, int], ...]]:
-        """Per state, its ``(callee start, return state)`` pairs. Costs O(states)."""
+        """Per state, its ``(callee start, return state)`` pairs (every state made)."""
+        self.tables()
         return [self.calls_of(state) for state in range(self.size)]
 
-    @cached_property
-    def _readable(self) -> list[bool | None]:
-        return [None] * self.size
+    def row(self, state: int) -> memoryview:
+        """``state``'s 256 transitions (int32, -1: none), made first if they are not. Cached
+        per state (rows never change once made). Costs one kernel call the first time.
+
+        Raises:
+            AutomatonLimitError: the automaton has needed more states than its limit.
+        """
+        known = self._rows.get(state)
+        if known is None:
+            known = memoryview(self.native.row(state)).cast("i")
+            if self.native.failed:  # its rows are dead ends now: never read as an answer
+                raise state_limit_error(self.native.capacity)
+            self._rows[state] = known
+        return known
+
+    def _state(self, state: int) -> tuple[bool, bool, tuple[tuple[int, int], ...]]:
+        known = self._info.get(state)
+        if known is None:
+            accepting, has_bytes, calls, _ = self.native.state(state)
+            known = self._info[state] = (accepting, has_bytes, calls)
+        return known
+
+    def is_accepting(self, state: int) -> bool:
+        return self._state(state)[0]
 
     def has_bytes(self, state: int) -> bool:
-        """Whether some byte leaves ``state``. Costs one row's scan the first time (for the
-        whole table at once, 3 ms of a 7,000-state schema's first mask)."""
-        known = self._readable[state]
-        if known is None:
-            known = self._readable[state] = bool((self.transitions[state] >= 0).any())
-        return known
-
-    @cached_property
-    def accepting_list(self) -> list[bool]:
-        accepting: list[bool] = self.accepting.astype(bool).tolist()
-        return accepting
-
-    @cached_property
-    def is_special(self) -> list[bool]:
-        """Per state: accepting or calling (a closure has work to do there)."""
-        calling = np.diff(self.call_begin) > 0
-        special: list[bool] = (self.accepting.astype(bool) | calling).tolist()
-        return special
-
-    @cached_property
-    def _call_begin(self) -> list[int]:
-        begin: list[int] = self.call_begin.tolist()
-        return begin
-
-    @cached_property
-    def _known_calls(self) -> list[tuple[tuple[int, int], ...] | None]:
-        return [None] * self.size
+        """Whether some byte leaves ``state``."""
+        return self._state(state)[1]
 
     def calls_of(self, state: int) -> tuple[tuple[int, int], ...]:
-        """``state``'s ``(callee start, return state)`` pairs, made once per state (the
-        closure of every jump-forward and accept_string step asks again). Costs O(its
-        calls) the first time."""
-        known = self._known_calls[state]
-        if known is None:
-            low, high = self._call_begin[state], self._call_begin[state + 1]
-            callees = self.call_callee[low:high].tolist()
-            returns = self.call_return[low:high].tolist()
-            known = self._known_calls[state] = tuple(zip(callees, returns, strict=True))
-        return known
+        """``state``'s ``(callee start, return state)`` pairs."""
+        return self._state(state)[2]
+
+    def is_special(self, state: int) -> bool:
+        """Accepting or calling (a closure has work to do there)."""
+        accepting, _, calls = self._state(state)
+        return accepting or bool(calls)
 
     def is_tail(self, state: int) -> bool:
         """Whether ``state`` accepts with nothing after it (a call returning there need not
         push it)."""
-        begin = self._call_begin
-        return (
-            self.accepting_list[state]
-            and begin[state] == begin[state + 1]
-            and not self.has_bytes(state)
-        )
-
-    @property
-    def size(self) -> int:
-        return int(self.transitions.shape[0])
+        accepting, has_bytes, calls = self._state(state)
+        return accepting and not has_bytes and not calls
 
     def closure(self, stacks: list[Stack]) -> tuple[frozenset[Stack], bool, bool]:
         """Expand calls and returns until every stack top can read a byte.
@@ -176,7 +259,7 @@ class PushdownAutomaton:
         seen: set[Stack] = set()
         pending = list(stacks)
         can_end = escapes = False
-        is_special, has_bytes = self.is_special, self.has_bytes
+        is_special, has_bytes, is_accepting = self.is_special, self.has_bytes, self.is_accepting
         while pending:
             stack = pending.pop()
             if stack in seen:
@@ -185,14 +268,14 @@ class PushdownAutomaton:
             top = stack[-1]
             if has_bytes(top):
                 closed.add(stack)
-            if not is_special[top]:
+            if not is_special(top):
                 continue
             for callee, returning in self.calls_of(top):
                 below = stack[:-1]
                 pending.append(
                     below + (callee,) if self.is_tail(returning) else below + (returning, callee)
                 )
-            if self.accepting_list[top]:
+            if is_accepting(top):
                 if len(stack) == 1:
                     can_end = True
                 elif stack[-2] == BASE and len(stack) == 2:
@@ -208,10 +291,9 @@ class PushdownAutomaton:
 
     def step(self, stacks: frozenset[Stack], byte: int) -> list[Stack]:
         """Stacks after reading ``byte`` (before closure). Costs O(len(stacks))."""
-        table = self.table
         result = []
         for stack in stacks:
-            target = table[stack[-1] << 8 | byte]
+            target = self.row(stack[-1])[byte]
             if target >= 0:
                 result.append(stack[:-1] + (target,))
         return result
@@ -221,8 +303,15 @@ class PushdownAutomaton:
     ) -> tuple[frozenset[Stack], bool] | None:
         """Closed stacks and ``can_end`` after reading ``data`` from closed ``stacks``.
 
-        Returns ``None`` when ``data`` is rejected. Costs O(len(data) x stacks).
+        Returns ``None`` when ``data`` is rejected.
+
+        Raises:
+            ParserLimitError: more than ``stack_limit`` stacks.
+            AutomatonLimitError: the automaton has needed more states than its limit.
+        Costs O(len(data) x stacks).
         """
+        if self.native.failed:
+            raise state_limit_error(self.native.capacity)
         current = stacks
         can_end = False
         start = 0
@@ -233,13 +322,13 @@ class PushdownAutomaton:
             # closure per byte made accept_token's p50 6.2 µs (bench/results/maskbench.md).
             (stack,) = stacks
             top = stack[-1]
-            table, special = self.table, self.is_special
+            row, special = self.row, self.is_special
             for byte in data:
-                top = table[top << 8 | byte]
+                top = row(top)[byte]
                 if top < 0:
                     return None
                 start += 1
-                if special[top]:
+                if special(top):
                     break
             else:
                 return frozenset((stack[:-1] + (top,),)), False
@@ -289,31 +378,37 @@ def build_pushdown(
     stack_limit: int = DEFAULT_STACK_LIMIT,
     deadline: Deadline | None = None,
 ) -> PushdownAutomaton:
-    """Compile a grammar: inline non-recursive rules, one minimised DFA per recursive rule
-    (and per rule named in ``grammar.called_rules``), built natively
-    (:func:`formline.automata.native_build.build_tables`).
+    """Compile a grammar: inline non-recursive rules, one DFA per recursive rule (and per
+    rule named in ``grammar.called_rules``), made lazily in the kernel
+    (:func:`formline.automata.native_build.build_lazy`): the rules' NFAs now, each DFA state
+    when decoding first reaches it, at most ``dfa_state_limit`` in all.
 
     Raises:
         GrammarError: left recursion, or a grammar (or start rule) that matches nothing.
-        AutomatonLimitError: an automaton over its state limit.
+        AutomatonLimitError: an NFA over its state limit.
         CompileLimitError: ``deadline`` passed.
-    Costs O(distinct IR nodes) in Python plus the native build: about a millisecond for a
-    small JSON schema; determinisation is bounded by the limits.
+    Costs O(distinct IR nodes) in Python plus the NFAs natively: about 0.1-0.3 ms for a
+    median MaskBench schema.
     """
     called = recursive_rules(grammar) | grammar.called_rules
-    found = build_tables(grammar, called, nfa_state_limit, dfa_state_limit, deadline)
-    states = found["states"]
-    return PushdownAutomaton(
-        transitions=np.frombuffer(found["transitions"], dtype=np.int32).reshape(states, 256),
-        accepting=np.frombuffer(found["accepting"], dtype=np.uint8).astype(bool),
-        call_begin=np.frombuffer(found["call_begin"], dtype=np.int32),
-        call_callee=np.frombuffer(found["call_callee"], dtype=np.int32),
-        call_return=np.frombuffer(found["call_return"], dtype=np.int32),
-        start=0,
-        rule_names=found["rule_order"],
-        rule_of_state=np.frombuffer(found["rule_of_state"], dtype=np.int32),
-        stack_limit=stack_limit,
-    )
+    source = source_of(grammar, called, nfa_state_limit, dfa_state_limit, stack_limit)
+    return build_from_source(source, deadline)
+
+
+def build_from_source(
+    source: AutomatonSource, deadline: Deadline | None = None
+) -> PushdownAutomaton:
+    """The lazy automaton of a build's inputs (:func:`build_pushdown`'s, or a stored entry's).
+
+    Raises:
+        GrammarError, AutomatonLimitError, CompileLimitError: as :func:`build_pushdown`.
+    """
+    native, names = build_lazy(source, deadline)
+    flat_names = source.flat.rule_names
+    positions = {flat_names.index(name): place for place, name in enumerate(names)}
+    automaton = PushdownAutomaton(native, names, source.stack_limit, positions)
+    automaton.source = source
+    return automaton
 
 
 def build_pushdown_reference(
@@ -474,7 +569,7 @@ def _check_left_recursion(dfas: dict[str, Dfa]) -> None:
     for name, dfa in dfas.items():
         states, _ = _null_reachable(dfa, nullable)
         left_calls[name] = {rule for state in states for rule, _ in dfa.calls[state]}
-    for name in dfas:
+    for name in sorted(dfas):  # the kernel's order: rules by name, callees by name
         path = _find_cycle(name, left_calls)
         if path:
             raise GrammarError(

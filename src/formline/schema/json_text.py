@@ -22,6 +22,7 @@ from formline.grammar.ir import (
     Choice,
     Except,
     Literal,
+    Minimized,
     Node,
     Repeat,
     RuleReference,
@@ -113,6 +114,14 @@ def choice(options: list[Node]) -> Node:
     if not kept:
         return NOTHING
     return kept[0] if len(kept) == 1 else Choice(tuple(kept))
+
+
+def minimized(node: Node) -> Node:
+    """``node`` as a :class:`Minimized` piece, unless it matches nothing or is one literal or
+    byte set (minimal already)."""
+    if is_nothing(node) or type(node) in (Literal, ByteSet):
+        return node
+    return Minimized(node)
 
 
 def optional(node: Node) -> Node:

@@ -37,7 +37,7 @@ if TYPE_CHECKING:
 INLINE_BUDGET_NODES = 3_000  # IR nodes of the fully inlined member automaton
 # A property whose member is bigger than this many IR nodes gets its own (called) rule, so
 # no one object DFA holds every big field: 4 strings of maxLength 255 plus dates took one
-# DFA past its 20,000-state limit.
+# DFA past the 20,000 states a rule could have when it was eager.
 SHARED_MEMBER_NODES = 2_000
 CHAIN_CUT = 64
 State = tuple[int, int]

@@ -222,12 +222,11 @@ def _byte_text(value: int) -> str:
 def _crossing(matcher: GrammarMatcher, piece: bytes) -> list[dict[str, Any]]:
     """How one token's bytes walk the automaton: per byte, the bytes allowed there."""
     stacks = matcher.state_key()[0]
-    automaton = matcher.compiled.automaton
     walk = []
     for byte in piece:
         allowed = _live_bytes_of(matcher, stacks)
         walk.append({"byte": _byte_text(byte), "allowed": len(allowed)})
-        result = automaton.advance(stacks, bytes((byte,)))
+        result = matcher.compiled.advance_bytes(stacks, bytes((byte,)))
         if result is None:
             break
         stacks = result[0]
@@ -259,8 +258,8 @@ def _examples(
 def _live_bytes_of(matcher: GrammarMatcher, stacks: Any) -> list[int]:
     live = matcher.compiled.live_bytes
     candidates = sorted({byte for stack in stacks for byte in live[stack[-1]]})
-    automaton = matcher.compiled.automaton
-    return [byte for byte in candidates if automaton.advance(stacks, bytes((byte,))) is not None]
+    step = matcher.compiled.advance_bytes
+    return [byte for byte in candidates if step(stacks, bytes((byte,))) is not None]
 
 
 class StepRecorder(StepListener):

@@ -1,0 +1,390 @@
+// A grammar's lazy automaton from the flattened IR: every rule the start reaches gets its
+// Thompson NFA (thompson.hpp), the productive rules and each NFA's live states are found,
+// the NFAs are trimmed to them, left recursion is refused, and the automaton
+// (automaton.hpp) makes its start state; every other DFA state is made when first reached.
+// Python: parser.pushdown's build_pushdown_reference (eager: determinise, trim, minimise,
+// link), the oracle of the differential tests, which compare the languages rule by rule.
+#pragma once
+
+#include <algorithm>
+#include <chrono>
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include "automaton.hpp"
+#include "thompson.hpp"
+
+namespace formline {
+
+constexpr int kNotProductive = -5;
+constexpr int kLeftRecursion = -6;
+constexpr int kMalformed = -8;
+
+// Whether every index of the flattened IR is in range, children before parents and bounds
+// ordered: the build follows them without checks, and a stored entry comes through here
+// (nothing in it is trusted). Costs O(nodes + children).
+inline bool is_well_formed(const FlatGrammar& grammar, int32_t rule_count) {
+  const int32_t nodes = grammar.node_count;
+  auto within = [](int64_t low, int64_t high, int64_t size) { return 0 <= low && low <= high && high <= size; };
+  for (int32_t node = 0; node < nodes; ++node) {
+    const int32_t a = grammar.a[node], b = grammar.b[node], c = grammar.c[node];
+    switch (grammar.kind[node]) {
+      case 0:
+        if (!within(a, b, grammar.range_count)) return false;
+        for (int32_t k = a; k < b; ++k) {
+          const int32_t low = grammar.range_pairs[2 * k], high = grammar.range_pairs[2 * k + 1];
+          if (!within(low, high, 255)) return false;
+        }
+        break;
+      case 1:
+        if (!within(a, b, grammar.byte_count)) return false;
+        break;
+      case 2:
+      case 3:
+        if (!within(a, b, grammar.children_count)) return false;
+        for (int32_t k = a; k < b; ++k)
+          if (grammar.children[k] < 0 || grammar.children[k] >= node) return false;
+        break;
+      case 4:
+        if (a < 0 || a >= node || b < 0 || (c != -1 && c < b)) return false;
+        break;
+      case 5:
+        if (a < 0 || a >= rule_count) return false;
+        break;
+      case 7:
+        if (a < 0 || a >= node) return false;
+        break;
+      case 6:
+        if (a < 0 || a >= node || !within(b, c, grammar.children_count) || (c - b) % 2) return false;
+        for (int32_t k = b; k < c; k += 2)
+          if (!within(grammar.children[k], grammar.children[k + 1], grammar.byte_count)) return false;
+        break;
+      default:
+        return false;
+    }
+  }
+  for (int32_t rule = 0; rule < rule_count; ++rule)
+    if (grammar.rule_root[rule] < 0 || grammar.rule_root[rule] >= nodes) return false;
+  return true;
+}
+
+struct LazyBuildResult {
+  std::shared_ptr<LazyAutomaton> automaton;
+  std::vector<int32_t> cycle;  // the left-recursive path, for kLeftRecursion
+  std::vector<int32_t> rule_order;  // the productive rules built: the start, then by index
+  int32_t failed_rule = -1;
+  int32_t nfa_states = 0;  // of the last rule built (of the failing one on an error)
+  int64_t total_nfa_states = 0;
+};
+
+// Per rule, the rules its body references (sorted, once each): the edges of the recursion
+// analysis. Costs O(rules x distinct nodes reached).
+inline std::vector<std::vector<int32_t>> rule_references(const FlatGrammar& grammar,
+                                                         int32_t nodes, int32_t rule_count) {
+  std::vector<std::vector<int32_t>> references(rule_count);
+  std::vector<int32_t> stamp(nodes, -1), pending;
+  for (int32_t rule = 0; rule < rule_count; ++rule) {
+    pending.assign(1, grammar.rule_root[rule]);
+    stamp[grammar.rule_root[rule]] = rule;
+    auto& found = references[rule];
+    while (!pending.empty()) {
+      const int32_t node = pending.back();
+      pending.pop_back();
+      auto visit = [&](int32_t child) {
+        if (stamp[child] != rule) {
+          stamp[child] = rule;
+          pending.push_back(child);
+        }
+      };
+      switch (grammar.kind[node]) {
+        case 2:
+        case 3:
+          for (int32_t k = grammar.a[node]; k < grammar.b[node]; ++k) visit(grammar.children[k]);
+          break;
+        case 4:
+        case 6:
+        case 7:
+          visit(grammar.a[node]);
+          break;
+        case 5:
+          found.push_back(grammar.a[node]);
+          break;
+        default:
+          break;
+      }
+    }
+    std::sort(found.begin(), found.end());
+    found.erase(std::unique(found.begin(), found.end()), found.end());
+  }
+  return references;
+}
+
+// A built Thompson NFA as CSR, untrimmed (every edge kept, calls labelled with rules).
+inline RuleNfa nfa_as_csr(const ThompsonNfa& nfa) {
+  RuleNfa out;
+  out.states = nfa.states;
+  std::vector<int32_t> order;
+  out.edge_begin = csr_order(nfa.states, nfa.byte_edges.size(),
+                             [&](size_t k) { return nfa.byte_edges[k].source; }, order);
+  for (int32_t k : order) {
+    out.edge_low.push_back(nfa.byte_edges[k].low);
+    out.edge_high.push_back(nfa.byte_edges[k].high);
+    out.edge_target.push_back(nfa.byte_edges[k].target);
+  }
+  out.epsilon_begin = csr_order(nfa.states, nfa.epsilon_edges.size(),
+                                [&](size_t k) { return nfa.epsilon_edges[k].first; }, order);
+  for (int32_t k : order) out.epsilon_target.push_back(nfa.epsilon_edges[k].second);
+  out.call_begin = csr_order(nfa.states, nfa.call_rule.size(),
+                             [&](size_t k) { return nfa.call_edges_rule[k].first; }, order);
+  for (int32_t k : order) {
+    out.call_rule.push_back(nfa.call_rule[k]);
+    out.call_target.push_back(nfa.call_edges_rule[k].second);
+  }
+  return out;
+}
+
+// The states reachable from `start`: `neighbours(q, visit)` calls `visit(target)` for each
+// edge out of q (a depth-first worklist; every search of the build is one of these).
+template <typename Neighbours>
+std::vector<uint8_t> mark_reachable(int32_t states, int32_t start, Neighbours neighbours) {
+  std::vector<uint8_t> seen(states, 0);
+  std::vector<int32_t> pending{start};
+  seen[start] = 1;
+  while (!pending.empty()) {
+    const int32_t q = pending.back();
+    pending.pop_back();
+    neighbours(q, [&](int32_t target) {
+      if (!seen[target]) seen[target] = 1, pending.push_back(target);
+    });
+  }
+  return seen;
+}
+
+// The rules called from states the start reaches (over every edge, a call's return
+// included): the rules a DFA of this NFA can call, as the reference build discovers them.
+inline std::vector<int32_t> reachable_callees(const RuleNfa& nfa) {
+  std::vector<int32_t> callees;
+  mark_reachable(nfa.states, 0, [&](int32_t q, auto visit) {
+    for (int32_t k = nfa.edge_begin[q]; k < nfa.edge_begin[q + 1]; ++k) visit(nfa.edge_target[k]);
+    for (int32_t k = nfa.epsilon_begin[q]; k < nfa.epsilon_begin[q + 1]; ++k)
+      visit(nfa.epsilon_target[k]);
+    for (int32_t k = nfa.call_begin[q]; k < nfa.call_begin[q + 1]; ++k) {
+      callees.push_back(nfa.call_rule[k]);
+      visit(nfa.call_target[k]);
+    }
+  });
+  return callees;
+}
+
+// Calls `visit(target)` for each edge out of `q`: bytes, epsilons, and calls whose rule
+// passes `use_call`.
+template <typename UseCall, typename Visit>
+void for_each_edge(const RuleNfa& nfa, int32_t q, UseCall use_call, Visit visit) {
+  for (int32_t k = nfa.edge_begin[q]; k < nfa.edge_begin[q + 1]; ++k) visit(nfa.edge_target[k]);
+  for (int32_t k = nfa.epsilon_begin[q]; k < nfa.epsilon_begin[q + 1]; ++k)
+    visit(nfa.epsilon_target[k]);
+  for (int32_t k = nfa.call_begin[q]; k < nfa.call_begin[q + 1]; ++k)
+    if (use_call(nfa.call_rule[k])) visit(nfa.call_target[k]);
+}
+
+// Whether the accept state is reachable from the start through calls passing `use_call`.
+template <typename UseCall>
+bool reaches_accept(const RuleNfa& nfa, UseCall use_call) {
+  return mark_reachable(nfa.states, 0, [&](int32_t q, auto visit) {
+    for_each_edge(nfa, q, use_call, visit);
+  })[1] != 0;
+}
+
+// Rules that derive some string: a worklist over callers (a chain of n rules costs O(n)
+// reachability checks, not the O(n^2) of repeated passes).
+inline std::vector<uint8_t> productive_rules(const std::vector<RuleNfa>& nfas,
+                                             const std::vector<uint8_t>& built) {
+  const size_t rules = nfas.size();
+  std::vector<std::vector<int32_t>> callers(rules);
+  for (size_t rule = 0; rule < rules; ++rule)
+    if (built[rule])
+      for (int32_t callee : nfas[rule].call_rule) callers[callee].push_back(static_cast<int32_t>(rule));
+  std::vector<uint8_t> productive(rules, 0), queued(rules, 0);
+  std::vector<int32_t> pending;
+  for (size_t rule = 0; rule < rules; ++rule)
+    if (built[rule]) pending.push_back(static_cast<int32_t>(rule)), queued[rule] = 1;
+  while (!pending.empty()) {
+    const int32_t rule = pending.back();
+    pending.pop_back();
+    queued[rule] = 0;
+    if (productive[rule] ||
+        !reaches_accept(nfas[rule], [&](int32_t callee) { return productive[callee] != 0; }))
+      continue;
+    productive[rule] = 1;
+    for (int32_t caller : callers[rule])
+      if (!productive[caller] && !queued[caller]) pending.push_back(caller), queued[caller] = 1;
+  }
+  return productive;
+}
+
+// The NFA without the states that cannot reach its accept state (over bytes, epsilons and
+// calls to productive rules): edges into them dropped, calls only to productive rules; and
+// its byte classes and important states.
+inline RuleNfa trim_nfa(const RuleNfa& nfa, const std::vector<uint8_t>& productive) {
+  std::vector<int32_t> begin(static_cast<size_t>(nfa.states) + 1, 0), sources;
+  auto each_edge = [&](auto visit) {
+    for (int32_t q = 0; q < nfa.states; ++q)
+      for_each_edge(nfa, q, [&](int32_t callee) { return productive[callee] != 0; },
+                    [&](int32_t target) { visit(q, target); });
+  };
+  each_edge([&](int32_t, int32_t target) { ++begin[target + 1]; });
+  for (int32_t q = 0; q < nfa.states; ++q) begin[q + 1] += begin[q];
+  sources.resize(begin.back());
+  std::vector<int32_t> cursor(begin.begin(), begin.end() - 1);
+  each_edge([&](int32_t source, int32_t target) { sources[cursor[target]++] = source; });
+  const std::vector<uint8_t> live = mark_reachable(nfa.states, 1, [&](int32_t q, auto visit) {
+    for (int32_t k = begin[q]; k < begin[q + 1]; ++k) visit(sources[k]);
+  });
+  RuleNfa out;
+  out.states = nfa.states;
+  out.important.assign(nfa.states, 0);
+  out.important[1] = 1;
+  std::vector<uint8_t> boundary(257, 0);
+  boundary[0] = boundary[256] = 1;
+  for (int32_t q = 0; q < nfa.states; ++q) {
+    for (int32_t k = nfa.edge_begin[q]; k < nfa.edge_begin[q + 1]; ++k) {
+      if (!live[nfa.edge_target[k]]) continue;
+      out.edge_low.push_back(nfa.edge_low[k]);
+      out.edge_high.push_back(nfa.edge_high[k]);
+      out.edge_target.push_back(nfa.edge_target[k]);
+      boundary[nfa.edge_low[k]] = boundary[nfa.edge_high[k] + 1] = 1;
+      out.important[q] = 1;
+    }
+    out.edge_begin.push_back(static_cast<int32_t>(out.edge_target.size()));
+    for (int32_t k = nfa.epsilon_begin[q]; k < nfa.epsilon_begin[q + 1]; ++k)
+      if (live[nfa.epsilon_target[k]]) out.epsilon_target.push_back(nfa.epsilon_target[k]);
+    out.epsilon_begin.push_back(static_cast<int32_t>(out.epsilon_target.size()));
+    for (int32_t k = nfa.call_begin[q]; k < nfa.call_begin[q + 1]; ++k) {
+      if (!productive[nfa.call_rule[k]] || !live[nfa.call_target[k]]) continue;
+      out.call_rule.push_back(nfa.call_rule[k]);
+      out.call_target.push_back(nfa.call_target[k]);
+      out.important[q] = 1;
+    }
+    out.call_begin.push_back(static_cast<int32_t>(out.call_rule.size()));
+  }
+  int32_t current = -1;
+  for (int32_t byte = 0; byte < 256; ++byte) {
+    if (boundary[byte]) ++current;
+    out.classes[byte] = current;
+  }
+  out.class_count = current + 1;
+  return out;
+}
+
+// A left-recursive cycle through calls made before any byte is read, or empty: origins in
+// rule order, callees in rule order (the Python reference searches alike).
+inline std::vector<int32_t> left_recursion(const std::vector<RuleNfa>& nfas,
+                                           const std::vector<int32_t>& order) {
+  const size_t rules = nfas.size();
+  std::vector<uint8_t> nullable(rules, 0);
+  // States reached from the start through epsilons and calls to nullable rules.
+  auto null_reach = [&](const RuleNfa& nfa) {
+    return mark_reachable(nfa.states, 0, [&](int32_t q, auto visit) {
+      for (int32_t k = nfa.epsilon_begin[q]; k < nfa.epsilon_begin[q + 1]; ++k)
+        visit(nfa.epsilon_target[k]);
+      for (int32_t k = nfa.call_begin[q]; k < nfa.call_begin[q + 1]; ++k)
+        if (nullable[nfa.call_rule[k]]) visit(nfa.call_target[k]);
+    });
+  };
+  for (bool changed = true; changed;) {
+    changed = false;
+    for (int32_t rule : order)
+      if (!nullable[rule] && null_reach(nfas[rule])[1]) nullable[rule] = 1, changed = true;
+  }
+  std::vector<std::vector<int32_t>> left(rules);
+  for (int32_t rule : order) {
+    const auto seen = null_reach(nfas[rule]);
+    const RuleNfa& nfa = nfas[rule];
+    for (int32_t q = 0; q < nfa.states; ++q)
+      if (seen[q])
+        for (int32_t k = nfa.call_begin[q]; k < nfa.call_begin[q + 1]; ++k)
+          left[rule].push_back(nfa.call_rule[k]);
+    std::sort(left[rule].begin(), left[rule].end());
+    left[rule].erase(std::unique(left[rule].begin(), left[rule].end()), left[rule].end());
+  }
+  for (int32_t origin : order) {
+    std::vector<std::pair<int32_t, std::vector<int32_t>>> pending{{origin, {origin}}};
+    std::vector<uint8_t> seen(rules, 0);
+    while (!pending.empty()) {
+      auto [node, path] = std::move(pending.back());
+      pending.pop_back();
+      for (int32_t child : left[node]) {
+        if (child == origin) {
+          path.push_back(origin);
+          return path;
+        }
+        if (!seen[child]) {
+          seen[child] = 1;
+          auto longer = path;
+          longer.push_back(child);
+          pending.emplace_back(child, std::move(longer));
+        }
+      }
+    }
+  }
+  return {};
+}
+
+// The lazy automaton of `grammar` from rule `start`, at most `capacity` DFA states. Returns 0,
+// or kMalformed, kNfaLimitExceeded, kOutOfTime, kExceptCalls (result.failed_rule says which
+// rule), kNotProductive, kLeftRecursion (result.cycle) or kStateLimitExceeded.
+inline int build_lazy_automaton(const FlatGrammar& grammar, int32_t rule_count, int32_t start,
+                                int64_t nfa_limit, int32_t capacity, int32_t stack_limit,
+                                double seconds, LazyBuildResult& result) {
+  if (!is_well_formed(grammar, rule_count)) return kMalformed;
+  using Clock = std::chrono::steady_clock;
+  const auto began = Clock::now();
+  std::vector<RuleNfa> nfas(rule_count);
+  std::vector<uint8_t> built(rule_count, 0);
+  std::vector<int32_t> pending{start};
+  ItemCaches caches;
+  while (!pending.empty()) {
+    const int32_t rule = pending.back();
+    pending.pop_back();
+    if (built[rule]) continue;
+    const double left = seconds - std::chrono::duration<double>(Clock::now() - began).count();
+    ThompsonNfa nfa;
+    const int status = left <= 0 ? kOutOfTime
+                                 : build_thompson(grammar, grammar.rule_root[rule], nfa_limit,
+                                                  left, nfa, caches);
+    result.nfa_states = nfa.states;
+    result.total_nfa_states += nfa.states;
+    if (status != 0) {
+      result.failed_rule = rule;
+      return status;
+    }
+    nfas[rule] = nfa_as_csr(nfa);
+    built[rule] = 1;
+    for (int32_t callee : reachable_callees(nfas[rule])) pending.push_back(callee);
+  }
+  const auto productive = productive_rules(nfas, built);
+  if (!productive[start]) return kNotProductive;
+  std::vector<int32_t> order;
+  bool start_called = false;
+  for (int32_t rule = 0; rule < rule_count; ++rule) {
+    if (!built[rule]) continue;
+    if (productive[rule]) {
+      nfas[rule] = trim_nfa(nfas[rule], productive);
+      order.push_back(rule);
+      start_called |= std::find(nfas[rule].call_rule.begin(), nfas[rule].call_rule.end(),
+                                start) != nfas[rule].call_rule.end();
+    } else {
+      nfas[rule] = RuleNfa();
+    }
+  }
+  result.cycle = left_recursion(nfas, order);
+  if (!result.cycle.empty()) return kLeftRecursion;
+  result.rule_order.push_back(start);
+  for (int32_t rule : order)
+    if (rule != start) result.rule_order.push_back(rule);
+  result.automaton = std::make_shared<LazyAutomaton>(capacity, stack_limit);
+  return result.automaton->start_from_rules(std::move(nfas), start, start_called);
+}
+
+}  // namespace formline
