@@ -104,12 +104,6 @@ class KeyIndex {
   size_t count_ = 0;
 };
 
-inline uint64_t hash_key(const int32_t* values, size_t length) {
-  uint64_t hash = 1469598103934665603ull;
-  for (size_t k = 0; k < length; ++k) hash = (hash ^ static_cast<uint32_t>(values[k])) * 1099511628211ull;
-  return hash ^ (hash >> 31);
-}
-
 // One rule's NFA (start 0, accept 1), trimmed to the states that reach the accept state: byte
 // edges and epsilon edges only to such states, calls only to productive rules returning to
 // such states. CSR by source. `important`: states a DFA state is keyed by (a byte or call
@@ -397,7 +391,7 @@ class LazyAutomaton {
     key_.insert(key_.end(), targets.begin(), targets.end());
     std::sort(key_.begin() + 1, key_.end());
     key_.erase(std::unique(key_.begin() + 1, key_.end()), key_.end());
-    const uint64_t raw_hash = single != nullptr ? 0 : hash_key(key_.data(), key_.size());
+    const uint64_t raw_hash = single != nullptr ? 0 : hash_values(key_.data(), key_.size());
     if (single == nullptr) {
       const int32_t raw = raw_index_.find(key_.data(), static_cast<int32_t>(key_.size()), raw_hash);
       if (raw != KeyIndex::kAbsent) return raw;
@@ -424,7 +418,7 @@ class LazyAutomaton {
     }
     std::sort(closed_.begin(), closed_.end());
     closed_.insert(closed_.begin(), rule);
-    const uint64_t hash = hash_key(closed_.data(), closed_.size());
+    const uint64_t hash = hash_values(closed_.data(), closed_.size());
     const int32_t length = static_cast<int32_t>(closed_.size());
     int32_t state = index_.find(closed_.data(), length, hash);
     if (state == KeyIndex::kAbsent) {
