@@ -30,6 +30,7 @@ from formline.schema.json_text import (
 )
 from formline.schema.merge import ALL_TYPE_KEYWORDS, Schema, as_object, merge, type_set
 from formline.schema.report import SchemaError, SchemaReport, escape_pointer
+from formline.schema.reuse import Reused, SubschemaMemo, moved
 
 ANNOTATIONS = frozenset(
     {
@@ -150,6 +151,7 @@ class SchemaCompiler:
         self.reference_counts: dict[str, int] = {}
         self.uses_any_value = False
         self.forced_called: set[str] = set()
+        self.memo = SubschemaMemo()
         self._describe_settings()
 
     def is_draft_format(self, name: str) -> bool:
@@ -213,6 +215,29 @@ class SchemaCompiler:
     # ------------------------------------------------------------------ reporting
     def record(self, kind: str, keyword: str, pointer: str, note: str = "") -> None:
         self.report.add(kind, keyword, pointer, note)
+        self.memo.events.append(("add", kind, keyword, pointer, note))
+
+    def withdraw(self, keyword: str, pointer: str) -> None:
+        """Take ``keyword`` at ``pointer`` off the report's enforced list."""
+        self.report.withdraw(keyword, pointer)
+        self.memo.events.append(("withdraw", keyword, pointer))
+
+    def count_reference(self, name: str) -> None:
+        """One more use of the rule of a ``$ref`` (used twice, a big one is called)."""
+        self.reference_counts[name] += 1
+        self.memo.events.append(("count", name))
+
+    def _replay(self, reused: Reused, pointer: str) -> None:
+        """The report entries and reference counts of ``reused``'s compile, again, at
+        ``pointer``: what compiling the same object here would have recorded."""
+        for event in self.memo.events[reused.first_event : reused.last_event]:
+            if event[0] == "add":
+                _, kind, keyword, where, note = event
+                self.record(kind, keyword, moved(where, reused.pointer, pointer), note)
+            elif event[0] == "withdraw":
+                self.withdraw(event[1], moved(event[2], reused.pointer, pointer))
+            else:
+                self.count_reference(event[1])
 
     def unsupported(self, keyword: str, pointer: str, note: str) -> None:
         """An unsupported keyword: fail, or hand it to the after-check, as configured."""
@@ -224,14 +249,30 @@ class SchemaCompiler:
 
     # ------------------------------------------------------------------ schema objects
     def value(self, schema: Any, pointer: str, resolver: Any, depth: int) -> Node:
-        """The IR of every JSON text valid under ``schema`` (or a superset, reported)."""
+        """The IR of every JSON text valid under ``schema`` (or a superset, reported).
+        A schema object met again under the same base URI is compiled once (:mod:`.reuse`:
+        meltano's 631 sub-schema compiles for 259 objects, IR 23.5 -> 15.6 ms)."""
         if depth > self.options.max_depth:
             raise SchemaError(f"schema nested deeper than {self.options.max_depth}", pointer)
         self.pointer = pointer
         self.deadline.check(f"compiling the schema at {pointer or '/'}")
+        self.memo.deepest = max(self.memo.deepest, depth)
         if schema is True or schema == {}:
             return self.any_value()
         schema = as_object(schema, pointer)
+        reused = self.memo.find(schema, resolver, depth, self.options.max_depth)
+        if reused is not None:
+            self._replay(reused, pointer)
+            return reused.node
+        started = self.memo.begin(depth)
+        try:
+            node = self._schema_object(schema, pointer, resolver, depth)
+        finally:
+            reached = self.memo.end(started)
+        self.memo.store(schema, resolver, node, (pointer, depth), started, reached)
+        return node
+
+    def _schema_object(self, schema: Schema, pointer: str, resolver: Any, depth: int) -> Node:
         if "$id" in schema and pointer and isinstance(schema["$id"], str):
             resolver = resolver.in_subresource(self.specification.create_resource(schema))
         self._record_unhandled(schema, pointer)
@@ -295,7 +336,7 @@ class SchemaCompiler:
             self.rules[name] = NOTHING  # placeholder while the body compiles (recursion)
             body = self.value(target, target_pointer, target_resolver, depth + 1)
             self.rules[name] = body
-        self.reference_counts[name] += 1
+        self.count_reference(name)
         return RuleReference(name)
 
     def resolve(self, schema: Schema, pointer: str, resolver: Any) -> tuple[Any, Any, str]:
@@ -453,6 +494,8 @@ class LazyResolver:
     def __init__(self, root: Any):
         self._root = root
         self._resolver: Any = None
+        base = root.get("$id", "") if isinstance(root, dict) else ""
+        self.base_uri = base if isinstance(base, str) else ""  # root_resolver's base
 
     def _get(self) -> Any:
         if self._resolver is None:

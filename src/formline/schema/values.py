@@ -439,7 +439,7 @@ def _affordable_counts(
         )
         if compiler.options.on_unsupported == "error":
             raise SchemaError(f"{note} (limit 'repetition')", pointer, keyword, "repetition")
-        compiler.report.withdraw(keyword, pointer)
+        compiler.withdraw(keyword, pointer)
         compiler.unsupported(keyword, pointer, note)
         if keyword == maximum_keyword:
             maximum = None
