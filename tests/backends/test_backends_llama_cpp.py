@@ -19,6 +19,7 @@ llama_cpp = pytest.importorskip(
     "llama_cpp", reason="needs the llama extra: pip install -e '.[llama]'"
 )
 
+from formline.backends import llama_cpp as backend_module  # noqa: E402
 from formline.backends.base import BackendError, default_model_path  # noqa: E402
 from formline.backends.llama_cpp import (  # noqa: E402
     LlamaCppBackend,
@@ -88,6 +89,23 @@ def test_render_chat_uses_the_gguf_template_with_the_assistant_turn_open(
 def test_missing_model_file_is_a_backend_error(tmp_path: Path) -> None:
     with pytest.raises(BackendError, match="no GGUF model file"):
         LlamaCppBackend(tmp_path / "absent.gguf")
+
+
+def test_a_pass_of_many_tokens_runs_and_amx_buffers_are_off_only_while_loading(
+    backend: LlamaCppBackend, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """On a CPU with AMX, llama.cpp's AMX matrix product crashed the process on any pass of
+    two or more tokens (SIGSEGV): this machine's Xeon did on the first prompt."""
+    backend.reset()
+    prompt = backend.tokenize(b"Give me a phone number, please, a real one.")
+    assert len(prompt) > 8 and backend.forward(prompt).shape == (backend.n_vocab,)
+    module = llama_cpp.llama.llama_cpp
+    defaults = module.llama_model_default_params
+    monkeypatch.setattr(backend_module, "has_amx", lambda _: True)
+    with backend_module._without_amx_buffers(llama_cpp):
+        assert module.llama_model_default_params().use_extra_bufts is False
+    assert module.llama_model_default_params is defaults
+    assert module.llama_model_default_params().use_extra_bufts is True
 
 
 def test_constrained_greedy_regex_matches_fully_and_stops(backend: LlamaCppBackend) -> None:

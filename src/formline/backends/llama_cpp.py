@@ -16,6 +16,9 @@ drops every longer piece (47 of SmolLM2's tokens, e.g. 64 dashes or a newline pl
 from __future__ import annotations
 
 import atexit
+import threading
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -28,6 +31,43 @@ from formline.vocab import Vocabulary
 from formline.vocab.vocabulary import VocabularyError
 
 LLAMA_SEED = 0  # llama.cpp's own sampler seed (used only by create_completion users)
+_PARAMETERS_LOCK = threading.Lock()
+
+
+def has_amx(llama_cpp: Any) -> bool:
+    """Whether this llama.cpp build would put the weights in its AMX buffers (an Intel CPU
+    with AMX, llama.cpp built for it)."""
+    info = llama_cpp.llama_print_system_info()
+    text = info.decode("utf-8", "replace") if isinstance(info, bytes) else str(info)
+    return "AMX_INT8 = 1" in text
+
+
+@contextmanager
+def _without_amx_buffers(llama_cpp: Any) -> Iterator[None]:
+    """Models loaded inside load their weights without llama.cpp's extra CPU buffer types
+    where the CPU has AMX: llama.cpp's AMX matrix product crashes the process (SIGSEGV in
+    ``ggml_backend_amx_mul_mat``, llama.cpp issue 20824, open) on the first pass of two or
+    more tokens, on this project's Xeon machines too (SmolLM2 Q4_1, llama-cpp-python
+    0.3.36). Without them a token costs 18 ms instead of 8.5 there; elsewhere nothing
+    changes. llama-cpp-python takes no ``use_extra_bufts`` argument, so the default
+    parameters it reads are replaced while the model loads (under a lock)."""
+    if not has_amx(llama_cpp):
+        yield
+        return
+    module = llama_cpp.llama.llama_cpp
+    defaults: Callable[[], Any] = module.llama_model_default_params
+
+    def parameters() -> Any:
+        chosen = defaults()
+        chosen.use_extra_bufts = False
+        return chosen
+
+    with _PARAMETERS_LOCK:
+        module.llama_model_default_params = parameters
+        try:
+            yield
+        finally:
+            module.llama_model_default_params = defaults
 
 
 class LlamaCppBackend:
@@ -65,17 +105,19 @@ class LlamaCppBackend:
         if not self.model_path.is_file():
             raise BackendError(f"no GGUF model file at {self.model_path}")
         try:
-            self.llm = llama_cpp.Llama(
-                str(self.model_path),
-                n_ctx=n_ctx,
-                n_threads=n_threads,
-                # llama.cpp's batch default is every core; its threads spin-wait, so one busy
-                # core stalls a 2-core prompt pass (0.2 s became 0.5-2.4 s for 32 tokens).
-                n_threads_batch=n_threads,
-                logits_all=False,
-                verbose=verbose,
-                seed=LLAMA_SEED,
-            )
+            with _without_amx_buffers(llama_cpp):
+                self.llm = llama_cpp.Llama(
+                    str(self.model_path),
+                    n_ctx=n_ctx,
+                    n_threads=n_threads,
+                    # llama.cpp's batch default is every core; its threads spin-wait, so one
+                    # busy core stalls a 2-core prompt pass (0.2 s became 0.5-2.4 s for 32
+                    # tokens).
+                    n_threads_batch=n_threads,
+                    logits_all=False,
+                    verbose=verbose,
+                    seed=LLAMA_SEED,
+                )
         except (ValueError, RuntimeError) as error:
             raise BackendError(f"llama.cpp cannot load {self.model_path}: {error}") from error
         self._llama_cpp = llama_cpp
