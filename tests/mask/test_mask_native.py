@@ -23,6 +23,8 @@ from formline.mask import (
 from formline.mask.reference import brute_force_allowed_ids
 from formline.native import fill_masks
 from formline.parser.pushdown import ParserLimitError
+from formline.vocab import Vocabulary
+from formline.vocab.fixtures import fixture_path
 
 VOCABULARY = synthetic_vocabulary()
 
@@ -118,6 +120,26 @@ def test_string_states_taking_their_piece_whole_equal_the_reference(smollm2_voca
         # Pieces are found as walks first meet their states: both fields' contents, by now.
         assert compiled.compiled_grammar.statistics.closed_states >= 2
         compiler.clear_cache()
+
+
+def test_number_states_before_many_optional_members_equal_the_reference() -> None:
+    # Forty optional integers: after every digit the walk's closure expands the member rules
+    # still to come (a stack each), and under Llama-3's multi-digit tokens ("1", "12",
+    # "123") it meets the same raw configurations again: walk.hpp's ClosureMemo copies
+    # those. SmolLM2 writes one digit a token, so it would not reach the memo.
+    vocabulary = Vocabulary.from_gguf(fixture_path("llama-bpe"))
+    schema = {
+        "type": "object",
+        "properties": {f"p{index}": {"type": "integer"} for index in range(40)},
+        "additionalProperties": False,
+    }
+    compiled = GrammarCompiler(vocabulary, disk_cache=False).compile_json_schema(schema)
+    for prefix in (b'{"p0":', b'{"p0":12,"p7":-3', b'{"p0":12,"p38":'):
+        matcher = compiled.matcher()
+        assert matcher.accept_string(prefix)
+        allowed = matcher.allowed_token_ids()
+        assert len(allowed) > 900  # Llama-3's numbers of up to three digits, at least
+        np.testing.assert_array_equal(allowed, brute_force_allowed_ids(matcher), str(prefix))
 
 
 def test_counted_string_first_positions_take_a_bounded_piece_and_equal_the_reference(
