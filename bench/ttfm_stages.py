@@ -2,7 +2,7 @@
 
 Run from the repository root (nothing else running: it times milliseconds)::
 
-    python -m bench.ttfm_stages [--vocabulary llama-bpe] [--data tests/data/maskbench]
+    python -m bench.ttfm_stages [--vocabulary llama-bpe] [--data tests/data/maskbench] [--warm]
 
 Each schema that compiles is timed once, in order: the meta-schema check, the schema
 compiler's setup, the schema-to-IR step (the flattening inside it apart), the cache key, the
@@ -99,6 +99,12 @@ def main() -> None:
     parser.add_argument("--vocabulary", default="llama-bpe")
     parser.add_argument("--data", type=Path, default=ROOT / "tests" / "data" / "maskbench")
     parser.add_argument("--slowest", type=int, default=0, help="also list the N slowest")
+    parser.add_argument(
+        "--warm",
+        action="store_true",
+        help="no garbage collection between schemas: the CPU's caches stay warm (the "
+        "default collects before each schema, as bench.maskbench does, which leaves them cold)",
+    )
     options = parser.parse_args()
     vocabulary = Vocabulary.from_gguf(fixture_path(options.vocabulary))
     table = CompileCache(disk_cache=False).token_table(vocabulary)
@@ -109,7 +115,8 @@ def main() -> None:
     rows = []
     for path in sorted(options.data.glob("*.json")):
         data = json.loads(path.read_text())
-        gc.collect()
+        if not options.warm:
+            gc.collect()
         gc.disable()
         try:
             row = time_schema(data.get("schema", data), vocabulary, table, clock)

@@ -208,8 +208,9 @@ class LlamaCppBackend:
 
         Raises:
             BackendError: llama.cpp fails to decode (e.g. the context is full).
-        Costs one forward pass: 7-10 ms for SmolLM2-135M Q4_1 on one CPU thread; a pass of
-        k tokens costs nearly k single passes on a CPU (8 tokens 45 ms, 1 token 7 ms).
+        Costs one forward pass: 7-10 ms for SmolLM2-135M Q4_1 on one CPU thread (18 ms on a
+        CPU with AMX, whose AMX buffers are off: see _without_amx_buffers); a pass of k
+        tokens costs nearly k single passes on a CPU (8 tokens 45 ms, 1 token 7 ms).
         """
         try:
             self.llm.eval(token_ids)
