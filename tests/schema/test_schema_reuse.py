@@ -50,14 +50,14 @@ def test_siblings_of_any_of_are_compiled_once_and_reported_at_every_branch() -> 
 
 
 def test_a_reused_sub_schema_still_counts_its_nesting() -> None:
-    shared = {"type": "object", "properties": {"a": {"type": "integer"}}}
-    definitions = {"r1": {"$ref": "#/$defs/r2"}, "r2": {"$ref": "#/$defs/r3"}, "r3": shared}
+    common = {"type": "object", "properties": {"a": {"type": "integer"}}}
+    definitions = {"r1": {"$ref": "#/$defs/r2"}, "r2": {"$ref": "#/$defs/r3"}, "r3": common}
     schema = {
         "$defs": definitions,
         "type": "object",
-        "properties": {"p": shared, "q": {"$ref": "#/$defs/r1"}},
+        "properties": {"p": common, "q": {"$ref": "#/$defs/r1"}},
     }
-    # "shared" first at depth 1 (its "a" at 2), then through three $ref at depth 4 (its
+    # "common" first at depth 1 (its "a" at 2), then through three $ref at depth 4 (its
     # "a" at 5); the JSON itself nests 5 levels, under check_nesting's 2 x max_depth.
     compile_schema(schema, SchemaOptions(max_depth=5))
     with pytest.raises(SchemaError, match="nested deeper than 4"):
