@@ -20,8 +20,8 @@ The server's CPU settings do not depend on what a fresh machine happens to repor
   decorated with ``torch.compile`` would still be compiled by inductor on first use, one
   thread (vLLM sets ``TORCHINDUCTOR_COMPILE_THREADS=1`` on the CPU), with nothing cached yet
   on a fresh machine;
-- ``bfloat16`` only on a CPU with native bfloat16 arithmetic (``avx512_bf16``, ``amx_bf16``
-  or Arm ``bf16``); elsewhere ``float32``, which is faster there than converted bfloat16.
+- ``float32`` on every CPU: bfloat16's products on a CPU with AMX depend on the batch's
+  size, and the tests compare greedy answers across batches (``server_dtype``).
 
 Variables already set in the environment win over these. Every test has a time limit
 (``LIMITS`` in vllm_settings.py, a ``SIGALRM``); an expired one fails with what the test was
