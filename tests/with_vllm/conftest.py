@@ -10,7 +10,7 @@ vLLM OpenAI server with formline's logits processor on a free loopback port, sha
 session.
 
 The server's CPU settings do not depend on what a fresh machine happens to report
-(``server_environment`` and ``server_dtype`` in vllm_settings.py):
+(``server_environment`` and ``SERVER_DTYPE`` in vllm_settings.py):
 
 - its OpenMP threads are bound to the CPUs this process may use. vLLM's ``auto`` binding
   takes one CPU per *physical core* on x86, so on a 2-vCPU machine whose two CPUs are SMT
@@ -21,7 +21,7 @@ The server's CPU settings do not depend on what a fresh machine happens to repor
   thread (vLLM sets ``TORCHINDUCTOR_COMPILE_THREADS=1`` on the CPU), with nothing cached yet
   on a fresh machine;
 - ``float32`` on every CPU: bfloat16's products on a CPU with AMX depend on the batch's
-  size, and the tests compare greedy answers across batches (``server_dtype``).
+  size, and the tests compare greedy answers across batches (``SERVER_DTYPE``).
 
 Variables already set in the environment win over these. Every test has a time limit
 (``LIMITS`` in vllm_settings.py, a ``SIGALRM``); an expired one fails with what the test was
@@ -41,9 +41,9 @@ from vllm_settings import (
     DEFAULT_LIMIT,
     LIMITS,
     REQUEST_SECONDS,
+    SERVER_DTYPE,
     STARTUP_SECONDS,
     Waiting,
-    server_dtype,
     server_environment,
     waiting_for,
 )
@@ -88,9 +88,8 @@ def model_directory() -> Path:
 @pytest.fixture(scope="session")
 def vllm_url(model_directory: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     log = tmp_path_factory.mktemp("vllm") / "server.log"
-    options: tuple[str, ...] = ("--logits-processors", PROCESSOR)
-    if server_dtype() != "bfloat16":  # launch's CPU options say bfloat16; the last one wins
-        options += ("--dtype", server_dtype())
+    # launch's CPU options say bfloat16; the last --dtype wins.
+    options = ("--logits-processors", PROCESSOR, "--dtype", SERVER_DTYPE)
     launch.STARTUP_SECONDS = STARTUP_SECONDS  # read by start_server's wait for /health
     server = start_server(model_directory, log, SERVED_NAME, options, server_environment())
     Waiting.log = log

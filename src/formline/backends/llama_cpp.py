@@ -48,9 +48,11 @@ def _without_amx_buffers(llama_cpp: Any) -> Iterator[None]:
     where the CPU has AMX: llama.cpp's AMX matrix product crashes the process (SIGSEGV in
     ``ggml_backend_amx_mul_mat``, llama.cpp issue 20824, open) on the first pass of two or
     more tokens, on this project's Xeon machines too (SmolLM2 Q4_1, llama-cpp-python
-    0.3.36). Without them a token costs 18 ms instead of 8.5 there; elsewhere nothing
-    changes. llama-cpp-python takes no ``use_extra_bufts`` argument, so the default
-    parameters it reads are replaced while the model loads (under a lock)."""
+    0.3.36). Without them SmolLM2 decodes 56 tokens/s there (``bench.generate_bench --tasks
+    2``, formline-free; the AMD EPYC's full run: 62); the AMX path cannot be measured, its
+    prompt pass crashes. Elsewhere nothing changes. llama-cpp-python takes no
+    ``use_extra_bufts`` argument, so the default parameters it reads are replaced while the
+    model loads (under a lock)."""
     if not has_amx(llama_cpp):
         yield
         return
@@ -208,8 +210,8 @@ class LlamaCppBackend:
 
         Raises:
             BackendError: llama.cpp fails to decode (e.g. the context is full).
-        Costs one forward pass: 7-10 ms for SmolLM2-135M Q4_1 on one CPU thread (18 ms on a
-        CPU with AMX, whose AMX buffers are off: see _without_amx_buffers); a pass of k
+        Costs one forward pass: 7-10 ms for SmolLM2-135M Q4_1 on one CPU thread (about 18
+        on a CPU with AMX, whose AMX buffers are off: see _without_amx_buffers); a pass of k
         tokens costs nearly k single passes on a CPU (8 tokens 45 ms, 1 token 7 ms).
         """
         try:

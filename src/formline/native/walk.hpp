@@ -184,9 +184,10 @@ inline int closure(const Automaton& automaton, const Config& raw, Config& out,
 // state may end a value inside an object of optional members, every node reaches one of a
 // few raw configurations again (a number's digit loop: "1", "10", "100" ...) and each
 // closure expanded the calls of every member still optional (119 stacks in Github_hard
-// o30769): a number's first mask there took 0.42-0.6 ms, 0.23 with the closures met again
-// copied from here. Open addressing over kSlots entries (a walk meets a few raw
-// configurations again, not many); a full probe sequence computes.
+// o30769). Copied from here instead, o30769's masks over 500 µs went from 58 to 8-17 and its
+// mask p99 from 675-693 to 444-483 µs (bench.maskbench, two runs each). Open addressing
+// over kSlots entries (a walk meets a few raw configurations again, not many); a full
+// probe sequence computes.
 class ClosureMemo {
  public:
   struct Entry {

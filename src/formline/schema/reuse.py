@@ -53,7 +53,7 @@ class SubschemaMemo:
     def find(self, schema: Any, resolver: Any, depth: int, max_depth: int) -> Reused | None:
         """The earlier compile of ``schema`` under ``resolver``'s base, unless reusing it
         here would nest past ``max_depth`` (compiled again, it raises the nesting error)."""
-        found = self._entries.get((id(schema), resolution_base(resolver)))
+        found = self._entries.get(_key(schema, resolver))
         if found is None or depth + found.height > max_depth:
             return None
         self.deepest = max(self.deepest, depth + found.height)
@@ -82,9 +82,13 @@ class SubschemaMemo:
     ) -> None:
         """Keep a finished compile of ``schema`` at ``where`` (pointer, depth)."""
         pointer, depth = where
-        self._entries[(id(schema), resolution_base(resolver))] = Reused(
+        self._entries[_key(schema, resolver)] = Reused(
             schema, resolver, node, pointer, reached - depth, started[0], len(self.events)
         )
+
+
+def _key(schema: Any, resolver: Any) -> tuple[int, str | int]:
+    return id(schema), resolution_base(resolver)
 
 
 def resolution_base(resolver: Any) -> str | int:
