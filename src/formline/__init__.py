@@ -9,6 +9,8 @@ four objects live in :mod:`formline.grammar`, :mod:`formline.vocab`, :mod:`forml
 and :mod:`formline.schema`. Importing formline imports no model engine.
 """
 
+# First: it installs the finder that loads the schema compiler's compiled modules.
+from formline import _accelerated  # noqa: F401
 from formline.compiler import GrammarCompiler
 from formline.constraint import Choice, Constraint, Regex
 from formline.errors import FormlineError
