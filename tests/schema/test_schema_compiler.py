@@ -5,13 +5,16 @@ from __future__ import annotations
 import json
 from typing import Annotated, Any, Literal
 
+import numpy as np
 import pytest
 from pydantic import BaseModel, Field
 
 from formline.grammar import Grammar
+from formline.mask.compiler import CompileCache
+from formline.mask.reference import brute_force_allowed_ids
 from formline.parser.pushdown import build_pushdown, build_pushdown_reference
-from formline.schema import SchemaError, schema_to_grammar
-from formline.schema.api import serialize_like_schema
+from formline.schema import SchemaError, objects, schema_to_grammar
+from formline.schema.api import compile_schema, serialize_like_schema
 from formline.schema.json_text import string_body_except
 from formline.schema.patterns import length_node
 
@@ -114,6 +117,30 @@ def test_many_optional_properties_compile_linearly_and_count_bounds_hold() -> No
     assert not accepts({})
     unbounded = language(schema)
     assert unbounded({}) and unbounded({"p39": 0}) and not unbounded({"p39": 0, "p0": 1})
+
+
+def test_many_optional_properties_leave_few_stacks_after_a_value(
+    smollm2_vocab: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Github_hard o30769's shape: 118 optional integers, other keys allowed after them.
+    properties = {f"field{index}": {"type": "integer"} for index in range(118)}
+    schema = {"type": "object", "properties": properties}
+    accepts = language(schema)
+    assert accepts({"field3": 1, "field117": 2, "other": 3}) and accepts({"field117": 0})
+    assert not accepts({"field3": 1, "field2": 2}) and not accepts(b'{"field3":1,"field3":2}')
+
+    def stacks_after_a_value() -> tuple[int, Any]:
+        compiled = compile_schema(schema, smollm2_vocab, disk_cache=False, cache=CompileCache())
+        matcher = compiled.matcher()
+        assert matcher.accept_string('{"field3":12')
+        return len(matcher.state_key()[0]), matcher
+
+    count, matcher = stacks_after_a_value()
+    assert count <= 118 // objects.MEMBER_CHUNK + 2
+    np.testing.assert_array_equal(matcher.allowed_token_ids(), brute_force_allowed_ids(matcher))
+    assert matcher.accept_string(',"field117":5}')
+    monkeypatch.setattr(objects, "MEMBER_CHUNK", 1)  # every shared state a rule: as before
+    assert stacks_after_a_value()[0] >= 100
 
 
 def test_arrays_items_prefix_items_and_counts() -> None:

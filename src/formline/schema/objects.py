@@ -6,7 +6,8 @@ least 1 so the first member has no comma). A required property must be written; 
 one may be skipped, and order never changes: field order is the model's reasoning budget.
 A state reached from two places would be copied into both when inlined (quadratic in the
 number of leading optional properties, measured: 30 optional properties of small values gave
-~25k NFA states), so past a size budget shared states become called rules instead.
+~25k NFA states), so past a size budget shared states become called rules instead (at every
+:data:`MEMBER_CHUNK`-th property).
 """
 
 from __future__ import annotations
@@ -40,6 +41,15 @@ INLINE_BUDGET_NODES = 3_000  # IR nodes of the fully inlined member automaton
 # DFA past the 20,000 states a rule could have when it was eager.
 SHARED_MEMBER_NODES = 2_000
 CHAIN_CUT = 64
+# Past the inline budget, the states "at property i, something written" (each met from two
+# places) become called rules only at every 8th property; between two, they are inlined. A
+# called state calls the next, so after a value the configuration held one stack per optional
+# property left (119 in Github_hard o30769, 118 optional integers: its masks over 500 µs were
+# 7-8, max 1.8 ms; with chunks of 8, 0-1 and 0.5-0.7 ms, and its time to first mask 9.9 ->
+# 8.0 ms, bench.maskbench). The NFA build enters a shared state once per end, so the inlined
+# copies add no NFA states (12,970 -> 13,067 there). With min/maxProperties a chunk's states
+# could double at each property (each count apart), so those keep every shared state a rule.
+MEMBER_CHUNK = 8
 State = tuple[int, int]
 
 
@@ -91,12 +101,14 @@ class _Members:
         extra = self._extra_member()
         counts = self._reachable()
         inline = self._inline_size(counts, extra) <= INLINE_BUDGET_NODES
+        # Without min/maxProperties past 1, only every MEMBER_CHUNK-th shared state is a rule.
+        chunk = MEMBER_CHUNK if self.counted <= 2 else 1
         nodes: dict[State, Node] = {}
         for index in range(len(self.declared), -1, -1):
             for written in range(self.counted):
                 if (index, written) in counts:
                     node = self._state(index, written, nodes, extra)
-                    shared = not inline and counts[(index, written)] > 1
+                    shared = not inline and counts[(index, written)] > 1 and index % chunk == 0
                     # Each state nests the next: cut the chain into called rules so a flat
                     # object of 488 properties does not nest 488 deep (RecursionError).
                     shared |= index > 0 and index % CHAIN_CUT == 0
