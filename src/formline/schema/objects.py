@@ -47,8 +47,10 @@ CHAIN_CUT = 64
 # property left (119 in Github_hard o30769, 118 optional integers: its masks over 500 µs were
 # 7-8, max 1.8 ms; with chunks of 8, 0-1 and 0.5-0.7 ms, and its time to first mask 9.9 ->
 # 8.0 ms, bench.maskbench). The NFA build enters a shared state once per end, so the inlined
-# copies add no NFA states (12,970 -> 13,067 there). With min/maxProperties a chunk's states
-# could double at each property (each count apart), so those keep every shared state a rule.
+# copies add few NFA states (12,970 -> 13,067 there), and CHAIN_CUT bounds a rule's tree size
+# (what source_of's estimate reads) to 64 members with their chunks. With min/maxProperties a
+# chunk's states could double at each property (each count apart), so those keep every
+# shared state a rule.
 MEMBER_CHUNK = 8
 State = tuple[int, int]
 
