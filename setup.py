@@ -15,6 +15,7 @@ dependency). Nothing downloads a prebuilt binary.
 
 import hashlib
 import os
+import sysconfig
 from pathlib import Path
 
 from Cython.Build import cythonize
@@ -55,50 +56,59 @@ def source_digest(path: Path) -> str:
     return hashlib.sha256(path.read_bytes()).hexdigest()[:16]
 
 
+def accelerated_module(path: Path) -> Extension:
+    """One schema/grammar module, Cython's C generated for its own module name (so that its
+    classes and functions keep their ``__module__``, and its init function is the
+    ``PyInit_<module>`` that an import of it looks for), then renamed only to decide where
+    the built file goes: ``formline/_accelerated/schema/objects_<digest>.<suffix>``.
+
+    The C goes to a folder named by the same digest: Cython regenerates a C file only when
+    its source's modification time is newer, and a source copied with its old time (``cp
+    -p``, an archive, a container layer) would otherwise be built from the old C under the
+    new digest, and loaded as current."""
+    package = path.parent.name
+    digest = source_digest(path)
+    (extension,) = cythonize(
+        Extension(
+            f"formline.{package}.{path.stem}", [str(path)], extra_compile_args=["-O2", "-g0"]
+        ),
+        compiler_directives=ACCELERATED_DIRECTIVES,
+        build_dir=f"build/accelerated/{digest}",
+        quiet=True,
+    )
+    extension.name = f"formline._accelerated.{package}.{path.stem}_{digest}"
+    # Without Cython's output the package still works, from source (the tests say so).
+    extension.optional = True
+    (SOURCE / "formline" / "_accelerated" / package).mkdir(parents=True, exist_ok=True)
+    return extension
+
+
 def accelerated_modules() -> list[Extension]:
-    """Each schema/grammar module as an extension named by its own module name, so that its
-    classes and functions keep their ``__module__`` (pickling, reprs)."""
-    modules = []
-    for package in ACCELERATED_PACKAGES:
-        for path in sorted((SOURCE / "formline" / package).glob("*.py")):
-            if path.name == "__init__.py":
-                continue
-            modules.append(
-                Extension(
-                    f"formline.{package}.{path.stem}",
-                    sources=[str(path)],
-                    extra_compile_args=["-O2", "-g0"],
-                )
-            )
-    return modules
-
-
-def placed_under_accelerated(extensions: list[Extension]) -> list[Extension]:
-    """The C files are generated for the modules' own names; the extensions are renamed
-    only to decide where the built file goes: ``formline/_accelerated/schema/
-    objects_<digest>.<suffix>``. Its init function stays ``PyInit_objects``, which is what
-    an import of ``formline.schema.objects`` looks for."""
-    for extension in extensions:
-        package, _, stem = extension.name.removeprefix("formline.").rpartition(".")
-        digest = source_digest(SOURCE / "formline" / package / f"{stem}.py")
-        extension.name = f"formline._accelerated.{package}.{stem}_{digest}"
-        (SOURCE / "formline" / "_accelerated" / package).mkdir(parents=True, exist_ok=True)
-    return extensions
+    """Every module of the accelerated packages but their ``__init__``."""
+    return [
+        accelerated_module(path)
+        for package in ACCELERATED_PACKAGES
+        for path in sorted((SOURCE / "formline" / package).glob("*.py"))
+        if path.name != "__init__.py"
+    ]
 
 
 class BuildExtensions(build_ext):
-    """Both cores build the modules (about 40 s instead of 75 on 2 cores), and the compiled
-    copies of earlier sources are removed from the source tree when built in place."""
+    """The modules are built on every CPU this process may use (about 40 s instead of 75 on
+    2 cores), and the builds of earlier sources are removed, in the source tree (in place)
+    and in the build folder (a wheel would carry them)."""
 
     def finalize_options(self) -> None:
         super().finalize_options()
         if self.parallel is None:
-            self.parallel = os.cpu_count() or 1
+            self.parallel = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else 1
 
     def run(self) -> None:
-        if self.inplace or self.editable_mode:
-            current = {extension.name.rpartition(".")[2] for extension in self.extensions}
-            for path in (SOURCE / "formline" / "_accelerated").glob("*/*.so"):
+        current = {extension.name.rpartition(".")[2] for extension in self.extensions}
+        for root in (SOURCE / "formline", Path(self.build_lib) / "formline"):
+            for path in (root / "_accelerated").glob(
+                f"*/*{sysconfig.get_config_var('EXT_SUFFIX')}"
+            ):
                 if path.name.split(".")[0] not in current:
                     path.unlink()
         super().run()
@@ -107,14 +117,7 @@ class BuildExtensions(build_ext):
 setup(
     ext_modules=[
         *cythonize([KERNEL], compiler_directives={"language_level": "3"}),
-        *placed_under_accelerated(
-            cythonize(
-                accelerated_modules(),
-                compiler_directives=ACCELERATED_DIRECTIVES,
-                build_dir="build/accelerated",
-                quiet=True,
-            )
-        ),
+        *accelerated_modules(),
     ],
     cmdclass={"build_ext": BuildExtensions},
 )

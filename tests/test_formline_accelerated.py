@@ -16,7 +16,6 @@ import pytest
 import formline.grammar.ir
 import formline.schema.compiler
 from formline import _accelerated
-from formline.schema import SchemaError
 from formline.schema.api import schema_to_grammar
 
 SAMPLE = Path(__file__).resolve().parent / "data" / "maskbench"
@@ -84,9 +83,9 @@ def test_an_edited_source_runs_from_python_with_a_warning(tmp_path: Path) -> Non
     with (copy / "schema" / "merge.py").open("a") as source:
         source.write("\n# an edit after the build\n")
     shown = run_python(
-        "import formline.schema.merge as m, formline.schema.objects as o\n"
-        "from formline import _accelerated as a\n"
-        "print(a.is_compiled(m), a.is_compiled(o), m.__file__, o.__file__)",
+        "import formline.schema.merge as merge, formline.schema.objects as objects\n"
+        "from formline._accelerated import is_compiled\n"
+        "print(is_compiled(merge), is_compiled(objects), merge.__file__, objects.__file__)",
         PYTHONPATH=str(tmp_path),
     )
     merge_compiled, objects_compiled, merge_file, objects_file = shown.stdout.split()
@@ -95,7 +94,7 @@ def test_an_edited_source_runs_from_python_with_a_warning(tmp_path: Path) -> Non
     assert Path(objects_file).parent == copy / "_accelerated" / "schema"
     assert "StaleCompiledModule" in shown.stderr
     assert "formline.schema.merge runs from its Python source" in shown.stderr
-    assert "objects" not in shown.stderr
+    assert "formline.schema.objects runs from" not in shown.stderr
 
 
 def test_the_finder_reads_only_its_own_file_names(tmp_path: Path) -> None:
@@ -120,11 +119,12 @@ def test_the_finder_reads_only_its_own_file_names(tmp_path: Path) -> None:
     assert finder.compiled_path("formline.schema.objects") is None
 
 
+@pytest.mark.skipif(PURE, reason="FORMLINE_PURE_PYTHON=1: both sides would be the source")
 def test_compiled_and_python_source_give_the_same_grammars_and_reports() -> None:
     compiled = json.loads(run_python(COMPILE_SAMPLE, str(SAMPLE)).stdout)
     pure = json.loads(run_python(COMPILE_SAMPLE, str(SAMPLE), FORMLINE_PURE_PYTHON="1").stdout)
     assert pure["compiled"] == [False, False]
-    assert compiled["compiled"] == ([False, False] if PURE else [True, True])
+    assert compiled["compiled"] == [True, True]
     assert len(pure["results"]) == 2 * 300
     assert compiled["results"] == pure["results"]
     errors = [name for name, (fingerprint, _) in pure["results"].items() if fingerprint == "error"]
@@ -143,5 +143,3 @@ def test_this_process_agrees_with_the_python_source_on_one_schema() -> None:
     )
     shown = run_python(code, json.dumps(schema), FORMLINE_PURE_PYTHON="1").stdout.splitlines()
     assert shown == [grammar.fingerprint(), json.dumps(report.to_dict())]
-    with pytest.raises(SchemaError, match="minimum"):
-        schema_to_grammar({"type": "integer", "minimum": "3"})

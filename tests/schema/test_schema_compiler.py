@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 from pydantic import BaseModel, Field
 
+from formline.automata.nfa import AutomatonLimitError
 from formline.grammar import Grammar
 from formline.mask.compiler import CompileCache
 from formline.mask.reference import brute_force_allowed_ids
@@ -141,6 +142,21 @@ def test_many_optional_properties_leave_few_stacks_after_a_value(
     assert matcher.accept_string(',"field117":5}')
     monkeypatch.setattr(objects, "MEMBER_CHUNK", 1)  # every shared state a rule: as before
     assert stacks_after_a_value()[0] >= 100
+
+
+def test_many_large_optional_members_stay_under_the_nfa_estimate(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # 80 optional members of about 1,800 IR nodes each (under SHARED_MEMBER_NODES, so inlined).
+    values = [f"value-{index:03d}-abcdefghij" for index in range(90)]
+    schema = {"type": "object", "properties": {f"field{i}": {"enum": values} for i in range(80)}}
+    accepts = language(schema)
+    assert accepts({"field3": values[1], "field79": values[89]})
+    assert not accepts({"field79": values[0], "field3": values[1]})
+    # Chunks of 8 whatever the members' size: one rule's estimate was 573,372 NFA states.
+    monkeypatch.setattr(objects, "MEMBER_CHUNK_NODES", 10**9)
+    with pytest.raises(AutomatonLimitError, match="NFA states"):
+        build_pushdown(schema_to_grammar(schema, cache=CompileCache())[0])
 
 
 def test_arrays_items_prefix_items_and_counts() -> None:

@@ -11,10 +11,16 @@ SHA-256 of the source it was compiled from.
 Importing this package puts :class:`CompiledModuleFinder` first on ``sys.meta_path``. It serves
 ``formline.schema.compiler`` and the others from their compiled file only when the digest of
 the ``.py`` beside them now equals the file's; otherwise the Python source runs, with a
-:class:`StaleCompiledModule` warning when a compiled file for an older source is present (run
-``pip install -e .`` again). ``FORMLINE_PURE_PYTHON=1`` turns the finder off: everything runs
-from source (the differential tests compare the two). Costs one SHA-256 of each compiled
-module's source at its import (about 0.3 ms in all).
+:class:`StaleCompiledModule` warning when a compiled file of another version of the source is
+present (run ``pip install -e .`` again; under ``-W error`` that warning fails the import).
+``FORMLINE_PURE_PYTHON=1`` turns the finder off: everything runs from source (the
+differential tests compare the two). Costs one SHA-256 of each compiled module's source at its
+import (about 0.3 ms in all).
+
+Compiled code does not count Python's recursion depth (a call between two compiled functions
+does not check the limit), so no ``RecursionError`` stops a runaway recursion there: every
+recursion in these packages is capped explicitly (``SchemaOptions.max_depth``, the regex and
+EBNF parsers' ``MAX_GROUP_DEPTH``, ``CHAIN_CUT``), and the hostile-input tests run compiled.
 """
 
 from __future__ import annotations
@@ -63,7 +69,8 @@ class CompiledModuleFinder(importlib.abc.MetaPathFinder):
 
     def compiled_path(self, fullname: str) -> Path | None:
         """The compiled file of module ``fullname`` built from its current source, or
-        ``None`` (warning :class:`StaleCompiledModule` when only older builds exist)."""
+        ``None`` (warning :class:`StaleCompiledModule` when only builds of other versions
+        exist). Costs a SHA-256 of the source when a build of the module exists."""
         candidates = self.candidates.get(fullname)
         if not candidates:
             return None
@@ -89,6 +96,8 @@ class CompiledModuleFinder(importlib.abc.MetaPathFinder):
         path: Sequence[str] | None = None,
         target: ModuleType | None = None,
     ) -> importlib.machinery.ModuleSpec | None:
+        """The import system's question: a spec loading the compiled file, or ``None`` for
+        the next finder (the source). Costs :meth:`compiled_path`."""
         compiled = self.compiled_path(fullname)
         if compiled is None:
             return None  # the next finder loads the source

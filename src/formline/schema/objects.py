@@ -52,6 +52,12 @@ CHAIN_CUT = 64
 # chunk's states could double at each property (each count apart), so those keep every
 # shared state a rule.
 MEMBER_CHUNK = 8
+# A chunk's inlined members at most this many IR nodes: a state "nothing written yet" inlines
+# the chain to the next chunk's rule, so a CHAIN_CUT rule holds 64 members plus 64 such
+# chains, and members up to SHARED_MEMBER_NODES in chunks of 8 would have put its estimate
+# near 1,000,000 NFA states, past the 500,000 limit. Chunks shrink as members grow instead
+# (a member over 1,000 nodes: every shared state a rule, as before).
+MEMBER_CHUNK_NODES = 1_000
 State = tuple[int, int]
 
 
@@ -103,8 +109,7 @@ class _Members:
         extra = self._extra_member()
         counts = self._reachable()
         inline = self._inline_size(counts, extra) <= INLINE_BUDGET_NODES
-        # Without min/maxProperties past 1, only every MEMBER_CHUNK-th shared state is a rule.
-        chunk = MEMBER_CHUNK if self.counted <= 2 else 1
+        chunk = self._chunk()
         nodes: dict[State, Node] = {}
         for index in range(len(self.declared), -1, -1):
             for written in range(self.counted):
@@ -118,6 +123,13 @@ class _Members:
                         node = self.compiler.shared(node, "members", force=True)
                     nodes[(index, written)] = node
         return nodes[(0, 0)]
+
+    def _chunk(self) -> int:
+        """Every how many properties a shared member state is a rule (see MEMBER_CHUNK)."""
+        if self.counted > 2:  # min/maxProperties past 1
+            return 1
+        largest = max((_size(member) for _, member, _ in self.declared), default=1)
+        return max(1, min(MEMBER_CHUNK, MEMBER_CHUNK_NODES // largest))
 
     def _record(self) -> None:
         for keyword in ("properties", "required", "minProperties", "maxProperties"):
