@@ -20,8 +20,9 @@ from formline.mask import (
     compile_grammar,
     storage,
 )
+from formline.mask.compiled import CompiledGrammar
 from formline.mask.reference import brute_force_allowed_ids
-from formline.native import fill_masks
+from formline.native import NativeMaskKernel, fill_masks
 from formline.parser.pushdown import ParserLimitError
 from formline.vocab import Vocabulary
 from formline.vocab.fixtures import fixture_path
@@ -340,6 +341,17 @@ def test_batch_fill_writes_a_cpu_torch_tensor_in_place(smollm2_vocab) -> None:
         )
 
 
+def ambiguous_after_y() -> tuple[CompiledGrammar, Vocabulary]:
+    """``"y"`` then a grammar whose n "(" make 2^n stacks, compiled with a limit of 50 stacks;
+    tokens ``<eos>``, ``x``, ``y`` and ten "(" (ids 0-3)."""
+    later = Grammar.from_ebnf(
+        'root ::= "y" e\ne ::= "(" e ")" | "(" f ")" | "x"\nf ::= "(" e ")" | "(" f ")" | "x"'
+    )
+    vocabulary = VOCABULARY.__class__.from_list([b"<eos>", b"x", b"y", b"(" * 10], eos_ids=[0])
+    compiled = compile_grammar(later, vocabulary, disk_cache=False, budget=CompileBudget(stacks=50))
+    return compiled, vocabulary
+
+
 def test_an_ambiguous_walk_past_the_stack_limit_is_a_parser_error() -> None:
     # e and f have the same language: after n "(" there are 2^n stacks. The start state is
     # fine; walking the 10-byte token from it needs 1,024 stacks, past the limit of 50. The
@@ -352,11 +364,7 @@ def test_an_ambiguous_walk_past_the_stack_limit_is_a_parser_error() -> None:
     with pytest.raises(ParserLimitError, match="more than 50 stacks"):
         compile_grammar(grammar, vocabulary, disk_cache=False, budget=CompileBudget(stacks=50))
     # The same grammar behind one "y": the start is fine, the ambiguous state comes after.
-    later = Grammar.from_ebnf(
-        'root ::= "y" e\ne ::= "(" e ")" | "(" f ")" | "x"\nf ::= "(" e ")" | "(" f ")" | "x"'
-    )
-    vocabulary = VOCABULARY.__class__.from_list([b"<eos>", b"x", b"y", b"(" * 10], eos_ids=[0])
-    compiled = compile_grammar(later, vocabulary, disk_cache=False, budget=CompileBudget(stacks=50))
+    compiled, vocabulary = ambiguous_after_y()
     matcher = GrammarMatcher(compiled)
     assert matcher.accept_token(2)
     bitmask = allocate_token_bitmask(2, vocabulary.size)
@@ -412,24 +420,58 @@ def test_serialized_grammars_round_trip_without_pickle() -> None:
 @pytest.mark.parametrize("seed", range(4))
 def test_native_token_steps_equal_the_python_parser(seed) -> None:
     # accept_token steps in the kernel; the Python step and closure are the reference, on a
-    # grammar where configurations hold several stacks and tokens cross rule ends.
+    # grammar where configurations hold several stacks and tokens cross rule ends. The cached
+    # step by token id reads the token's bytes from the kernel's table: special and empty
+    # tokens have none and are refused, as the Python side did.
     compiled = compile_grammar(Grammar.from_ebnf(ESCAPE_HEAVY), VOCABULARY, disk_cache=False)
+    kernel = compiled.kernel
     rng = np.random.default_rng(seed)
     matcher = GrammarMatcher(compiled)
-    compared = 0
+    compared = refused_special = 0
     for _ in range(60):
         stacks = matcher.state_key()[0]
         for token_id in rng.choice(VOCABULARY.size, size=40, replace=False).tolist():
             data = VOCABULARY.token_bytes[token_id]
+            step = kernel.step(stacks, token_id)
+            assert kernel.step(stacks, token_id) is step  # the cached answer
             if not data or token_id in VOCABULARY.special_ids:
+                assert step is None
+                refused_special += 1
                 continue
-            assert compiled.kernel.advance(stacks, data) == compiled.automaton.advance(
-                stacks, data
-            ), (stacks, data)
+            expected = compiled.automaton.advance(stacks, data)
+            assert kernel.advance(stacks, data) == expected, (stacks, data)
+            assert step == expected, (stacks, token_id)
             compared += 1
         allowed = matcher.allowed_token_ids()
         allowed = allowed[~np.isin(allowed, list(VOCABULARY.eos_ids))]
         if not len(allowed):
             break
         assert matcher.accept_token(int(rng.choice(allowed)))
+    assert refused_special > 0
     assert compared > 500
+
+
+def test_the_step_cache_is_bounded_and_a_limit_is_not_cached() -> None:
+    compiled = compile_grammar(Grammar.from_ebnf(ESCAPE_HEAVY), VOCABULARY, disk_cache=False)
+    small = NativeMaskKernel(
+        compiled.table, compiled.automaton.native, compiled.eos_ids, 1 << 20, 3
+    )
+    stacks = GrammarMatcher(compiled).state_key()[0]
+    for token_id in range(VOCABULARY.size):
+        assert small.step(stacks, token_id) == compiled.kernel.step(stacks, token_id)
+        assert len(small.steps) <= 3
+    assert small.step_cache_entries == 3
+    for token_id in (VOCABULARY.size, -1):
+        with pytest.raises(IndexError, match="outside the vocabulary"):
+            small.step(stacks, token_id)
+    # The "((((((((((" token after "y" needs 1,024 stacks, past 50: accept_token raises,
+    # keeps its state and caches nothing.
+    compiled, _ = ambiguous_after_y()
+    matcher = GrammarMatcher(compiled)
+    assert matcher.accept_token(2)
+    before = matcher.state_key()
+    for _ in range(2):
+        with pytest.raises(ParserLimitError, match="more than 50 stacks"):
+            matcher.accept_token(3)
+        assert matcher.state_key() == before
+        assert (before[0], 3) not in compiled.kernel.steps

@@ -40,7 +40,6 @@ DEFAULT_MASK_CACHE_BYTES = 64 << 20  # 4,096 masks of Qwen2's 4,748 words
 DEFAULT_STATE_CACHE_BYTES = 256 << 20
 STEP_CACHE_ENTRIES = 1 << 16  # (configuration, token) steps kept per compiled grammar
 Step = tuple[frozenset[Stack], bool] | None
-_MISSING = object()
 
 
 def token_table(vocabulary: Vocabulary) -> NativeTokenTable:
@@ -116,39 +115,31 @@ class CompiledGrammar:
         self.eos_mask = ids_to_bitmask(self.eos_ids, self.words)
         self.eos_mask.setflags(write=False)
         self.kernel = NativeMaskKernel(
-            self.table, automaton.native, self.eos_ids, self.state_cache_bytes
+            self.table, automaton.native, self.eos_ids, self.state_cache_bytes, STEP_CACHE_ENTRIES
         )
         self.live_bytes = LiveBytes(automaton)
         self._mask_cache: OrderedDict[tuple[frozenset[Stack], bool], np.ndarray] = OrderedDict()
         self._mask_cache_entries = max(16, self.mask_cache_bytes // (4 * self.words))
         self._lock = threading.Lock()
-        self._steps: dict[tuple[frozenset[Stack], int], Step] = {}
-        self._special = self.vocabulary.special_ids
-        self._token_bytes = self.vocabulary.token_bytes
 
     def advance(self, stacks: frozenset[Stack], token_id: int) -> Step:
         """The closed configuration and ``can_end`` after reading token ``token_id`` (not a
         stop token) from ``stacks``, or ``None`` if the grammar refuses it. Cached per
-        (configuration, token), at most :data:`STEP_CACHE_ENTRIES`: decoding meets the same
-        configurations again (inside a string every character leaves it where it was).
+        (configuration, token) in the kernel, at most :data:`STEP_CACHE_ENTRIES`: decoding
+        meets the same configurations again (inside a string every character leaves it
+        where it was).
 
         Raises:
             ParserLimitError: the step needs more stacks than the automaton's limit.
-        Costs a dictionary lookup when cached, else the kernel's step, GIL released:
-        O(token bytes x stacks), about 1 µs (the Python step and closure took 2.4 µs, 6.2
-        before the single-stack path; bench/results/maskbench.md).
+            AutomatonLimitError: it needs more DFA states than the automaton's limit.
+            IndexError: ``token_id`` is outside the vocabulary.
+        Costs a dictionary lookup when cached, else the kernel's step, GIL released when
+        long: O(token bytes x stacks), about 1 µs (bench/results/maskbench.md).
         """
-        key = (stacks, token_id)
-        found = self._steps.get(key, _MISSING)
-        if found is not _MISSING:
-            return found  # type: ignore[return-value]
-        data = self._token_bytes[token_id]
-        result = None
-        if data and token_id not in self._special:
-            result = self.advance_bytes(stacks, data)
-        if len(self._steps) >= STEP_CACHE_ENTRIES:
-            self._steps.clear()  # dict operations hold the GIL: no lock needed
-        self._steps[key] = result
+        result = self.kernel.step(stacks, token_id)
+        if isinstance(result, int):
+            self.check_status(result)
+            return None
         return result
 
     def advance_bytes(self, stacks: frozenset[Stack], data: bytes) -> Step:

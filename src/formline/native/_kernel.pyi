@@ -47,16 +47,22 @@ class NativeAutomaton:
 
 class NativeMaskKernel:
     words: int
+    step_cache_entries: int
+    steps: dict[tuple[frozenset[tuple[int, ...]], int], Any]
     def __init__(
         self,
         table: NativeTokenTable,
         automaton: NativeAutomaton,
         eos_ids: np.ndarray,
         cache_limit_bytes: int,
+        step_cache_entries: int = 65536,
     ) -> None: ...
     def fill(self, stacks: frozenset[tuple[int, ...]], can_end: bool, out: np.ndarray) -> int: ...
     def advance(
         self, stacks: frozenset[tuple[int, ...]], data: bytes
+    ) -> tuple[frozenset[tuple[int, ...]], bool] | int | None: ...
+    def step(
+        self, stacks: frozenset[tuple[int, ...]], token_id: int
     ) -> tuple[frozenset[tuple[int, ...]], bool] | int | None: ...
     def statistics(self) -> dict[str, int]: ...
     def is_walked(self, state: int) -> bool: ...
