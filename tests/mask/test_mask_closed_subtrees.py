@@ -10,11 +10,14 @@ native mask must equal the Python reference bit for bit, on SmolLM2 and Qwen2.
 
 from __future__ import annotations
 
+import string
 from typing import Any
 
 import numpy as np
 import pytest
 
+from formline import GrammarCompiler
+from formline.grammar import Grammar
 from formline.mask import GrammarMatcher
 from formline.mask.reference import brute_force_allowed_ids
 from formline.schema import compile_schema
@@ -99,3 +102,18 @@ def test_walks_that_borrow_from_an_alike_state_equal_brute_force(vocabulary: Voc
         matcher = matcher_at(compiled, text)
         np.testing.assert_array_equal(matcher.allowed_token_ids(), brute_force_allowed_ids(matcher))
     assert compiled.statistics.alike_walks >= 5, compiled.statistics
+
+
+def test_pieces_met_after_sixteen_others_still_take_subtrees_whole() -> None:
+    # The token table keeps the 16 pieces used last (550 KB each on Llama-3). It kept the
+    # first 16 for ever: a server's later grammars walked their loops without them.
+    vocabulary = Vocabulary.from_gguf(fixture_path("smollm2"))
+    compiler = GrammarCompiler(vocabulary, disk_cache=False)
+    letters = string.ascii_letters
+    for dropped in letters[:20]:  # 20 loops of 51 bytes each, all different pieces
+        kept = "".join(letter for letter in letters if letter != dropped)
+        compiled = compiler.compile_grammar(Grammar.from_regex(f"[{kept}]+;"))
+        matcher = GrammarMatcher(compiled)
+        assert matcher.accept_string(kept[:2])
+        np.testing.assert_array_equal(matcher.allowed_token_ids(), brute_force_allowed_ids(matcher))
+        assert compiled.statistics.closed_states >= 1, dropped

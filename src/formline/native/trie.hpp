@@ -116,7 +116,12 @@ struct TokenTable {
   // read from the piece's state q, stays in it. Computed once per piece and vocabulary, so
   // every grammar with the same string states shares it.
   mutable std::mutex closed_mutex;
-  mutable std::map<std::vector<int8_t>, std::shared_ptr<const ClosedPiece>> closed_cache;
+  struct CachedPiece {
+    std::shared_ptr<const ClosedPiece> piece;
+    uint64_t used;  // closed_tick at its last use: the least recent goes when a new one comes
+  };
+  mutable std::map<std::vector<int8_t>, CachedPiece> closed_cache;
+  mutable uint64_t closed_tick = 0;
 
   mutable std::map<int32_t, std::shared_ptr<const std::vector<uint32_t>>> short_cache;
 
@@ -137,14 +142,18 @@ struct TokenTable {
   static constexpr int kPieceStates = 16;      // at most this many states in a piece
 
   // `piece`: count x 256 transitions within the piece (-1: leaves it, or dead). Costs one
-  // sequential pass over the trie, `count` steps per node, once per piece and vocabulary;
-  // nullptr past kClosedPieces distinct pieces.
+  // sequential pass over the trie, `count` steps per node, once per piece and vocabulary
+  // while it is among the kClosedPieces used last. They were the first kClosedPieces met,
+  // kept for ever: MaskBench's 300 schemas met more, and 36 string states in the later
+  // schemas were walked without their piece (a string state's first mask 2-3x dearer).
   std::shared_ptr<const ClosedPiece> closed_below(const std::vector<int8_t>& piece) const {
     {
       std::lock_guard<std::mutex> guard(closed_mutex);
       auto found = closed_cache.find(piece);
-      if (found != closed_cache.end()) return found->second;
-      if (closed_cache.size() >= kClosedPieces) return nullptr;
+      if (found != closed_cache.end()) {
+        found->second.used = ++closed_tick;
+        return found->second.piece;
+      }
     }
     const int count = static_cast<int>(piece.size() / 256);
     const uint16_t every = static_cast<uint16_t>((1u << count) - 1);
@@ -178,14 +187,24 @@ struct TokenTable {
     result->transitions = piece;
     result->inside.resize(static_cast<size_t>(count));
     std::lock_guard<std::mutex> guard(closed_mutex);
-    return closed_cache.emplace(piece, std::move(result)).first->second;
+    auto found = closed_cache.find(piece);  // another thread's, made meanwhile
+    if (found != closed_cache.end()) return found->second.piece;
+    if (closed_cache.size() >= kClosedPieces) {
+      // The kernels that use the evicted piece hold it (MaskKernel::closed_owners_).
+      auto oldest = closed_cache.begin();
+      for (auto entry = closed_cache.begin(); entry != closed_cache.end(); ++entry)
+        if (entry->second.used < oldest->second.used) oldest = entry;
+      closed_cache.erase(oldest);
+    }
+    return closed_cache.emplace(piece, CachedPiece{std::move(result), ++closed_tick})
+        .first->second.piece;
   }
 
   // The pieces made so far (other grammars' on this vocabulary among them).
   std::vector<std::shared_ptr<const ClosedPiece>> closed_pieces() const {
     std::lock_guard<std::mutex> guard(closed_mutex);
     std::vector<std::shared_ptr<const ClosedPiece>> pieces;
-    for (const auto& entry : closed_cache) pieces.push_back(entry.second);
+    for (const auto& entry : closed_cache) pieces.push_back(entry.second.piece);
     return pieces;
   }
 
