@@ -812,21 +812,22 @@ cdef class NativeMaskKernel:
         the step itself when it is long (token bytes x configuration size over 512)."""
         return self._advance_guarded(stacks, <const uint8_t*>data, len(data))
 
-    def step(self, stacks, Py_ssize_t token_id):
-        """:meth:`advance` by the bytes of token ``token_id`` (not a stop token), cached per
+    def step(self, stacks, token):
+        """:meth:`advance` by the bytes of token ``token`` (not a stop token), cached per
         (configuration, token): accept_token's step. ``None`` for a token the grammar refuses
         and for one without bytes or special (the token table leaves those out).
 
         Raises:
-            IndexError: ``token_id`` is outside the vocabulary.
+            IndexError: ``token`` is outside the vocabulary.
         Costs a dictionary lookup when cached (decoding meets the same configurations again:
         inside a string every character leaves it where it was), else the step. One C call:
         through two Python methods, a step not cached cost 1.42 µs (p50, MaskBench's steps);
         the cache is emptied once it holds ``step_cache_entries`` steps."""
-        key = (stacks, token_id)
+        key = (stacks, token)  # the caller's int object: no new one per call
         found = self.steps.get(key, _MISSING)
         if found is not _MISSING:
             return found
+        cdef Py_ssize_t token_id = token
         cdef TokenTable* table = self.table.table
         if not 0 <= token_id < table.vocabulary_size:
             raise IndexError(f"token id {token_id} is outside the vocabulary")
