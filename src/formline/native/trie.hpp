@@ -142,7 +142,8 @@ struct TokenTable {
   static constexpr int kPieceStates = 16;      // at most this many states in a piece
 
   // `piece`: count x 256 transitions within the piece (-1: leaves it, or dead). Costs one
-  // sequential pass over the trie, `count` steps per node, once per piece and vocabulary
+  // sequential pass over the trie, a step per piece state reading the node's byte, once per
+  // piece and vocabulary
   // while it is among the kClosedPieces used last. They were the first kClosedPieces met,
   // kept for ever: MaskBench's 300 schemas met more, and 36 string states in the later
   // schemas were walked without their piece (a string state's first mask 2-3x dearer).
@@ -171,37 +172,28 @@ struct TokenTable {
       for (int32_t node = nodes - 1; node >= 1; --node)
         if (!(column[bytes[node]] == 0 && (out[node] & 1u))) out[parents[node]] = 0;
     } else {
-      // Per byte, only the piece states that read it within the piece (1-4 of a JSON
-      // string's 14-16: content, escapes, UTF-8 continuations) are asked, and a node whose
-      // subtree stays in the piece from every state (the leaves) takes their set at once. A
-      // JSON string's first mask on Llama-3 was 4.0-4.4 ms, most of it this pass.
-      uint16_t inside_from[256];
+      // Per byte, only the piece states that read it within the piece are asked (1-4 of a
+      // JSON string's 14-16: content, escapes, UTF-8 continuations; a piece has at most
+      // kPieceStates). Asking all of them made a JSON string's first mask on Llama-3 4.0-4.4
+      // ms, most of it this pass; 2.3-2.5 now.
       uint8_t readers[256];
-      int8_t reader_state[256][16], reader_next[256][16];
+      int8_t reader_state[256][kPieceStates], reader_next[256][kPieceStates];
       for (int byte = 0; byte < 256; ++byte) {
-        uint16_t from = 0;
-        uint8_t found = 0;
+        readers[byte] = 0;
         for (int q = 0; q < count; ++q) {
           const int8_t next = piece[static_cast<size_t>(q) * 256 + byte];
           if (next < 0) continue;
-          from |= static_cast<uint16_t>(1u << q);
-          reader_state[byte][found] = static_cast<int8_t>(q);
-          reader_next[byte][found++] = next;
+          reader_state[byte][readers[byte]] = static_cast<int8_t>(q);
+          reader_next[byte][readers[byte]++] = next;
         }
-        inside_from[byte] = from;
-        readers[byte] = found;
       }
       for (int32_t node = nodes - 1; node >= 1; --node) {
         const uint16_t closed = out[node];
         const uint8_t byte = bytes[node];
         uint16_t from = 0;
-        if (closed == every) {
-          from = inside_from[byte];
-        } else if (closed != 0) {
-          for (uint8_t k = 0; k < readers[byte]; ++k)
-            if ((closed >> reader_next[byte][k]) & 1u)
-              from |= static_cast<uint16_t>(1u << reader_state[byte][k]);
-        }
+        for (uint8_t k = 0; k < readers[byte]; ++k)
+          if ((closed >> reader_next[byte][k]) & 1u)
+            from |= static_cast<uint16_t>(1u << reader_state[byte][k]);
         out[parents[node]] &= from;
       }
     }
