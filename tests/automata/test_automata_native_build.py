@@ -90,6 +90,28 @@ def test_native_rule_automata_equal_the_python_builder(bodies) -> None:
     assert_same_automaton(Grammar(rules, "root", called_rules=frozenset({"r0", "r1", "r2"})))
 
 
+def test_native_trim_drops_dead_branches_and_calls_that_derive_nothing() -> None:
+    # r0 is live throughout (its NFA is kept as built); r1 has a branch through an empty
+    # byte class and one through r2, which derives nothing: both are trimmed away.
+    rules = {
+        "root": Sequence((RuleReference("r0"), RuleReference("r1"))),
+        "r0": Literal(b"ab"),
+        "r1": Choice(
+            (
+                Literal(b"c"),
+                Sequence((ByteSet(()), Literal(b"d"))),
+                Sequence((RuleReference("r2"), Literal(b"e"))),
+            )
+        ),
+        "r2": Sequence((Literal(b"x"), RuleReference("r2"))),
+    }
+    grammar = Grammar(rules, "root", called_rules=frozenset({"r0", "r1", "r2"}))
+    assert_same_automaton(grammar)
+    automaton = build_pushdown(grammar)
+    assert "r2" not in automaton.rule_names
+    assert [automaton.matches(text) for text in (b"abc", b"abd", b"abxe")] == [True, False, False]
+
+
 @given(trees(), trees())
 @settings(max_examples=100, deadline=None)
 def test_native_inlining_equals_the_python_builder(root, inlined) -> None:

@@ -124,6 +124,15 @@ inline std::vector<std::vector<int32_t>> rule_references(const FlatGrammar& gram
 inline RuleNfa nfa_as_csr(const ThompsonNfa& nfa) {
   RuleNfa out;
   out.states = nfa.states;
+  // Sized once: grown edge by edge, malloc and free were 15% of the native build of
+  // MaskBench's largest schemas (NFAs of 8,000-55,000 states); sized, the builds took 4-10%
+  // less (meltano's 4.55 -> 4.29 ms).
+  out.edge_low.reserve(nfa.byte_edges.size());
+  out.edge_high.reserve(nfa.byte_edges.size());
+  out.edge_target.reserve(nfa.byte_edges.size());
+  out.epsilon_target.reserve(nfa.epsilon_edges.size());
+  out.call_rule.reserve(nfa.call_rule.size());
+  out.call_target.reserve(nfa.call_rule.size());
   std::vector<int32_t> order;
   out.edge_begin = csr_order(nfa.states, nfa.byte_edges.size(),
                              [&](size_t k) { return nfa.byte_edges[k].source; }, order);
@@ -223,10 +232,34 @@ inline std::vector<uint8_t> productive_rules(const std::vector<RuleNfa>& nfas,
   return productive;
 }
 
+// `nfa` with its byte classes and important states (a state with a byte edge or a call), the
+// edges as they are: trim_nfa's answer when every state is live and every callee productive,
+// most rules of a schema. Copied edge by edge instead, the native builds of MaskBench's
+// largest schemas took 4-13% longer (meltano's 4.03 ms against 4.29).
+inline RuleNfa with_classes(RuleNfa&& nfa) {
+  nfa.important.assign(nfa.states, 0);
+  nfa.important[1] = 1;
+  std::vector<uint8_t> boundary(257, 0);
+  boundary[0] = boundary[256] = 1;
+  for (int32_t q = 0; q < nfa.states; ++q) {
+    if (nfa.edge_begin[q] < nfa.edge_begin[q + 1] || nfa.call_begin[q] < nfa.call_begin[q + 1])
+      nfa.important[q] = 1;
+    for (int32_t k = nfa.edge_begin[q]; k < nfa.edge_begin[q + 1]; ++k)
+      boundary[nfa.edge_low[k]] = boundary[nfa.edge_high[k] + 1] = 1;
+  }
+  int32_t current = -1;
+  for (int32_t byte = 0; byte < 256; ++byte) {
+    if (boundary[byte]) ++current;
+    nfa.classes[byte] = current;
+  }
+  nfa.class_count = current + 1;
+  return std::move(nfa);
+}
+
 // The NFA without the states that cannot reach its accept state (over bytes, epsilons and
 // calls to productive rules): edges into them dropped, calls only to productive rules; and
 // its byte classes and important states.
-inline RuleNfa trim_nfa(const RuleNfa& nfa, const std::vector<uint8_t>& productive) {
+inline RuleNfa trim_nfa(RuleNfa&& nfa, const std::vector<uint8_t>& productive) {
   std::vector<int32_t> begin(static_cast<size_t>(nfa.states) + 1, 0), sources;
   auto each_edge = [&](auto visit) {
     for (int32_t q = 0; q < nfa.states; ++q)
@@ -241,6 +274,10 @@ inline RuleNfa trim_nfa(const RuleNfa& nfa, const std::vector<uint8_t>& producti
   const std::vector<uint8_t> live = mark_reachable(nfa.states, 1, [&](int32_t q, auto visit) {
     for (int32_t k = begin[q]; k < begin[q + 1]; ++k) visit(sources[k]);
   });
+  if (std::all_of(live.begin(), live.end(), [](uint8_t is_live) { return is_live != 0; }) &&
+      std::all_of(nfa.call_rule.begin(), nfa.call_rule.end(),
+                  [&](int32_t callee) { return productive[callee] != 0; }))
+    return with_classes(std::move(nfa));  // nothing to drop: the edges stay where they are
   RuleNfa out;
   out.states = nfa.states;
   out.important.assign(nfa.states, 0);
@@ -370,7 +407,7 @@ inline int build_lazy_automaton(const FlatGrammar& grammar, int32_t rule_count, 
   for (int32_t rule = 0; rule < rule_count; ++rule) {
     if (!built[rule]) continue;
     if (productive[rule]) {
-      nfas[rule] = trim_nfa(nfas[rule], productive);
+      nfas[rule] = trim_nfa(std::move(nfas[rule]), productive);
       order.push_back(rule);
       start_called |= std::find(nfas[rule].call_rule.begin(), nfas[rule].call_rule.end(),
                                 start) != nfas[rule].call_rule.end();
