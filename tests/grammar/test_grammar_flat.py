@@ -13,9 +13,11 @@ from hypothesis import strategies as st
 from formline.grammar.ir import (
     ByteSet,
     Choice,
+    Except,
     Grammar,
     GrammarError,
     Literal,
+    Minimized,
     Node,
     Repeat,
     RuleReference,
@@ -54,6 +56,12 @@ def trees() -> st.SearchStrategy[Node]:
             st.tuples(inner, st.integers(0, 3), st.one_of(st.none(), st.integers(0, 3))).map(
                 lambda case: Repeat(case[0], case[1], None if case[2] is None else sum(case[1:]))
             ),
+            # Excluded strings of every length, the empty one included: the native key
+            # stores each one's length before its bytes.
+            st.tuples(inner, st.lists(st.binary(max_size=3), max_size=3)).map(
+                lambda case: Except(case[0], tuple(case[1]))
+            ),
+            inner.map(Minimized),
         ),
         max_leaves=12,
     )
@@ -98,6 +106,25 @@ def test_equal_subtrees_built_apart_are_numbered_once() -> None:
     automaton = build_pushdown(Grammar({"root": number_node(None, None)}))
     automaton.tables()  # every state made
     assert automaton.size <= 12
+
+
+def test_nodes_whose_fields_read_alike_as_bytes_stay_apart() -> None:
+    # The native numbering keys a node by its fields as bytes: excluded strings split
+    # differently, an empty one, and a literal of a byte set's bytes must not meet.
+    item = Repeat(ByteSet(((97, 98),)), 0, None)
+    options = (
+        Except(item, (b"a", b"b")),
+        Except(item, (b"ab",)),
+        Except(item, (b"", b"a")),
+        Except(item, (b"a",)),
+        Except(Repeat(ByteSet(((97, 98),)), 0, None), (b"ab",)),  # equal to the second
+        Literal(bytes((97, 98))),
+        ByteSet(((97, 98),)),
+    )
+    rules = {"root": Choice(options)}
+    assert_same_flat(rules)
+    # item's byte set and repeat, four distinct Excepts, the literal, the root
+    assert len(flatten(rules).kind) == 8
 
 
 def test_an_undefined_reference_names_both_rules() -> None:

@@ -358,7 +358,7 @@ def flatten(rules: dict[str, Node]) -> FlatGrammar:
 
     Raises:
         GrammarError: a reference names a rule that is not defined.
-    Costs O(distinct nodes), about 0.2 µs each.
+    Costs O(node objects), about 0.2 µs each (MaskBench's largest grammars hold 2,000-3,600).
     """
     names = sorted(rules)
     rule_number = {name: index for index, name in enumerate(names)}
