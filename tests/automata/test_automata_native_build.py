@@ -143,6 +143,32 @@ def test_a_minimized_item_shared_between_grammars_keeps_each_context() -> None:
         assert_same_automaton(grammar)
 
 
+def test_an_automaton_built_after_a_freed_one_reads_none_of_its_states() -> None:
+    # A freed automaton's per-state arrays are kept by the thread (native MappedArrayPool)
+    # and handed to the next build zeroed over the states it made: a made row, an accepting
+    # or a special flag of the first may not show through in the second.
+    first = build_pushdown(
+        Grammar(
+            {
+                "root": Sequence((Literal(b"{"), RuleReference("item"), Literal(b"}"))),
+                "item": Choice(
+                    (
+                        Repeat(ByteSet(((97, 122),)), 1, 40),
+                        Sequence((Literal(b"("), RuleReference("item"), Literal(b")"))),
+                    )
+                ),
+            },
+            "root",
+            called_rules=frozenset({"item"}),
+        )
+    )
+    first.tables()  # every state made: about 40 rows, flags and calls
+    assert first.size > 30
+    del first
+    second = Grammar({"root": Sequence((Repeat(Literal(b"ab"), 0, 3), ByteSet(((48, 57),))))})
+    assert_same_automaton(second)
+
+
 def _nodes(node: Node) -> list[Node]:
     found = [node]
     for child in node.children():

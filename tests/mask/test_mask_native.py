@@ -3,6 +3,7 @@ the batch fill, the byte-bounded caches and the disk store's eviction."""
 
 from __future__ import annotations
 
+import gc
 import threading
 
 import numpy as np
@@ -121,6 +122,25 @@ def test_string_states_taking_their_piece_whole_equal_the_reference(smollm2_voca
         # Pieces are found as walks first meet their states: both fields' contents, by now.
         assert compiled.compiled_grammar.statistics.closed_states >= 2
         compiler.clear_cache()
+
+
+def test_a_compile_after_a_freed_one_reads_none_of_its_states(smollm2_vocab) -> None:
+    # A freed grammar's automaton and mask kernel give their per-state arrays back to the
+    # thread (native MappedArrayPool), zeroed over the states made, for the next compile: a
+    # piece, a row or a flag of the first may not show through in the second's masks.
+    compiler = GrammarCompiler(smollm2_vocab, disk_cache=False)
+    rng = np.random.default_rng(7)
+    first = compiler.compile_json_schema(SCHEMAS[1])
+    matcher = first.matcher()
+    assert matcher.accept_string(b'{"v":1,"kids":[{"v":2,"kids":[]},{"v":3')
+    matcher.allowed_token_ids()
+    first.compiled_grammar.automaton.tables()  # every state made
+    del first, matcher
+    compiler.clear_cache()
+    gc.collect()
+    second = compiler.compile_json_schema(SCHEMAS[0])
+    checked = sum(walk_and_compare(second.matcher(), rng, 10) for _ in range(3))
+    assert checked >= 6
 
 
 def test_number_states_before_many_optional_members_equal_the_reference() -> None:

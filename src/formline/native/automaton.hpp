@@ -19,8 +19,10 @@
 #include <algorithm>
 #include <atomic>
 #include <climits>
+#include <cstddef>
 #include <cstdint>
 #include <cstdlib>
+#include <cstring>
 #include <memory>
 #include <mutex>
 #include <new>
@@ -118,17 +120,68 @@ struct RuleNfa {
   int32_t class_count = 0;
 };
 
+// Mappings of large ZeroedArrays given back zeroed, kept for the next ones this thread makes.
+// Why: a compile makes eleven of them (the automaton's and the mask kernel's per-state arrays,
+// 200,000 states of capacity: 200 KB-1.6 MB each), and mapping, faulting in and unmapping
+// them (an unmapping flushes the other CPUs' TLBs) was about a tenth of a median MaskBench
+// schema's compile (strace: 13 mmap and 11 munmap calls a compile). Per thread, so that it
+// needs no lock (a fork() cannot leave one held) and a thread's exit unmaps its own. Holds at
+// most kKept mappings; the pages a previous owner touched stay resident while kept.
+class MappedArrayPool {
+ public:
+  // A zeroed mapping of exactly `bytes` kept here, or nullptr.
+  static void* take(size_t bytes) {
+    auto& kept = pool().kept;
+    for (size_t k = kept.size(); k-- > 0;) {
+      if (kept[k].second != bytes) continue;
+      void* data = kept[k].first;
+      kept.erase(kept.begin() + static_cast<std::ptrdiff_t>(k));
+      return data;
+    }
+    return nullptr;
+  }
+
+  // Keeps a zeroed mapping of `bytes`, or unmaps it when kKept are kept already.
+  static void give(void* data, size_t bytes) {
+    auto& kept = pool().kept;
+    if (kept.size() >= kKept) {
+      munmap(data, bytes);
+      return;
+    }
+    kept.emplace_back(data, bytes);
+  }
+
+ private:
+  static constexpr size_t kKept = 24;  // two compiles' worth
+
+  struct Kept {
+    std::vector<std::pair<void*, size_t>> kept;
+    ~Kept() {
+      for (const auto& entry : kept) munmap(entry.first, entry.second);
+    }
+  };
+
+  static Kept& pool() {
+    static thread_local Kept kept;
+    return kept;
+  }
+};
+
 // An array of `count` zeroed entries that never moves. A large one is mapped: the system
 // gives zeroed pages when first written, so an automaton's 200,000-state arrays cost the
 // pages its states touch. calloc zeroed them with memset once glibc's allocation threshold
 // had grown past their size (8 MB per compile; a sixth of the MaskBench sample's mask time).
+// A mapped one whose owner says how far it was written (set_written) goes back to the
+// thread's MappedArrayPool, zeroed over that part only; else it is unmapped.
 template <typename T>
 class ZeroedArray {
  public:
   explicit ZeroedArray(size_t count) : bytes_(std::max<size_t>(count, 1) * sizeof(T)) {
     if (bytes_ >= kMapped) {
-      void* mapped = mmap(nullptr, bytes_, PROT_READ | PROT_WRITE,
-                          MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+      void* mapped = MappedArrayPool::take(bytes_);
+      if (mapped == nullptr)
+        mapped = mmap(nullptr, bytes_, PROT_READ | PROT_WRITE,
+                      MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
       if (mapped == MAP_FAILED) throw std::bad_alloc();
       data_ = static_cast<T*>(mapped);
     } else {
@@ -137,21 +190,28 @@ class ZeroedArray {
     }
   }
   ~ZeroedArray() {
-    if (bytes_ >= kMapped) {
-      munmap(data_, bytes_);
-    } else {
+    if (bytes_ < kMapped) {
       std::free(data_);
+    } else if (written_ <= bytes_ / sizeof(T)) {
+      std::memset(static_cast<void*>(data_), 0, written_ * sizeof(T));
+      MappedArrayPool::give(data_, bytes_);
+    } else {
+      munmap(data_, bytes_);
     }
   }
   ZeroedArray(const ZeroedArray&) = delete;
   ZeroedArray& operator=(const ZeroedArray&) = delete;
   T* data() const { return data_; }
   T& operator[](size_t index) const { return data_[index]; }
+  // No entry at `count` or past it was ever written (the owner's promise, made just before
+  // the array is destroyed): the mapping can be reused once those are zeroed.
+  void set_written(size_t count) { written_ = count; }
 
  private:
   static constexpr size_t kMapped = 64 << 10;
   size_t bytes_;
   T* data_;
+  size_t written_ = SIZE_MAX;  // unknown: unmapped
 };
 
 class LazyAutomaton {
@@ -175,6 +235,19 @@ class LazyAutomaton {
     for (size_t chunk = 0; chunk * kChunkStates < static_cast<size_t>(capacity_); ++chunk)
       delete[] chunks_[chunk];
     for (int32_t state = 0; state < made_; ++state) delete[] calls_[state];
+    // Only the states made were written (their metadata is set as each is made).
+    const size_t made = static_cast<size_t>(made_);
+    chunks_.set_written((made + kChunkStates - 1) >> kChunkBits);
+    for (auto* array : {&accepting_, &has_bytes_, &tail_, &special_, &expanded_}) array->set_written(made);
+    rule_.set_written(made);
+    calls_.set_written(made);
+  }
+
+  // How many states were made, published or not (the per-state arrays of a kernel on this
+  // automaton were written below it).
+  int32_t made_states() const {
+    std::lock_guard<std::mutex> guard(mutex_);
+    return made_;
   }
 
   LazyAutomaton(const LazyAutomaton&) = delete;

@@ -95,6 +95,15 @@ class MaskKernel {
         closed_piece_(owner_->capacity()),
         piece_known_(owner_->capacity()) {}
 
+  // The per-state arrays were written only for states the automaton had made.
+  ~MaskKernel() {
+    const size_t made = static_cast<size_t>(owner_->made_states());
+    closed_.set_written(made);
+    closed_bit_.set_written(made);
+    closed_piece_.set_written(made);
+    piece_known_.set_written(made);
+  }
+
   int32_t words() const { return table_->words; }
 
   // The mask of a configuration given as [length, states...]* into `out` (words, zeroed here).
