@@ -11,6 +11,7 @@ import json
 import re
 
 import numpy as np
+import pytest
 import regex as regex_module
 from helpers_mask import greedy_tokenize, sample_string, synthetic_vocabulary
 from hypothesis import HealthCheck, assume, given, settings
@@ -18,6 +19,7 @@ from hypothesis import strategies as st
 
 from formline.grammar import Grammar
 from formline.mask import GrammarMatcher, compile_grammar
+from formline.mask.bitmask import bitmask_to_ids, ids_to_bitmask
 from formline.mask.reference import brute_force_allowed_ids
 
 VOCABULARY = synthetic_vocabulary()
@@ -166,3 +168,17 @@ def test_cfg_strings_are_accepted_and_walks_stay_in_the_language(data, name: str
             assert reference(produced.decode("utf-8")), (name, produced)
             break
         produced += VOCABULARY.token_bytes[choice]
+
+
+@given(st.lists(st.integers(0, 32 * 5 - 1), max_size=40), st.integers(5, 7))
+@settings(max_examples=200, deadline=None)
+def test_ids_to_bitmask_sets_exactly_the_bits_of_the_ids(ids: list[int], words: int) -> None:
+    # Repeated ids included: each sets its one bit; bitmask_to_ids reads them back sorted.
+    mask = ids_to_bitmask(np.array(ids, dtype=np.int64), words)
+    assert mask.dtype == np.uint32 and mask.shape == (words,)
+    assert bitmask_to_ids(mask.view(np.int32)).tolist() == sorted(set(ids))
+
+
+def test_ids_to_bitmask_refuses_an_id_past_its_words() -> None:
+    with pytest.raises(IndexError):
+        ids_to_bitmask(np.array([64]), 2)

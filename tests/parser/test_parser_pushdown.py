@@ -1,9 +1,13 @@
 """The pushdown parser: inlining, recursion, tail calls, ambiguity and limits."""
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from formline.grammar import Grammar
+from formline.grammar.ir import Literal, RuleReference, Sequence
 from formline.parser import ParserLimitError, build_pushdown
+from formline.parser.pushdown import recursive_rules
 
 
 def test_non_recursive_grammar_is_one_automaton_without_calls() -> None:
@@ -23,6 +27,34 @@ def test_recursive_rules_keep_their_own_automaton() -> None:
     result = automaton.advance(stacks, b"<x,[x,[x]],x>")
     assert result is not None and result[1]
     assert automaton.advance(stacks, b"<x,[x>") is None
+
+
+def reaches_itself(edges: dict[str, set[str]], rule: str) -> bool:
+    """The plain definition: some chain of references from ``rule`` comes back to it."""
+    seen: set[str] = set()
+    pending = list(edges[rule])
+    while pending:
+        other = pending.pop()
+        if other == rule:
+            return True
+        if other not in seen:
+            seen.add(other)
+            pending.extend(edges[other])
+    return False
+
+
+@given(st.lists(st.sets(st.integers(0, 7), max_size=3), min_size=8, max_size=8))
+@settings(max_examples=200, deadline=None)
+def test_recursive_rules_are_those_that_reach_themselves(references) -> None:
+    # The kernel's Tarjan against reachability, on random reference graphs of 8 rules.
+    names = [f"r{k}" for k in range(8)]
+    edges = {names[k]: {names[other] for other in references[k]} for k in range(8)}
+    rules = {
+        name: Sequence((Literal(name.encode()), *(RuleReference(o) for o in sorted(edges[name]))))
+        for name in names
+    }
+    grammar = Grammar(rules, "r0")
+    assert recursive_rules(grammar) == {name for name in names if reaches_itself(edges, name)}
 
 
 def test_right_recursion_runs_in_constant_stack_depth() -> None:

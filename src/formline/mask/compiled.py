@@ -21,6 +21,7 @@ from __future__ import annotations
 import threading
 from collections import OrderedDict
 from dataclasses import dataclass, field
+from functools import lru_cache
 
 import numpy as np
 
@@ -92,6 +93,18 @@ class LiveBytes:
         return known
 
 
+@lru_cache(maxsize=64)
+def stop_tokens(eos_ids: tuple[int, ...], words: int) -> tuple[np.ndarray, np.ndarray]:
+    """A vocabulary's stop tokens as read-only int32 ids and their mask words, made once per
+    vocabulary (each compile built them: 20 µs of a median MaskBench schema's 840 µs, in a
+    compile's cold caches). Raises IndexError for an id past ``words * 32``."""
+    ids = np.array(eos_ids, dtype=np.int32)
+    mask = ids_to_bitmask(ids, words)
+    ids.setflags(write=False)
+    mask.setflags(write=False)
+    return ids, mask
+
+
 @dataclass
 class CompiledGrammar:
     """A grammar bound to one vocabulary: automaton, native mask kernel and a mask cache.
@@ -111,9 +124,9 @@ class CompiledGrammar:
     def __post_init__(self) -> None:
         automaton = self.automaton
         self.words = words_for(self.vocabulary.size)
-        self.eos_ids = np.array(sorted(self.vocabulary.eos_ids), dtype=np.int32)
-        self.eos_mask = ids_to_bitmask(self.eos_ids, self.words)
-        self.eos_mask.setflags(write=False)
+        self.eos_ids, self.eos_mask = stop_tokens(
+            tuple(sorted(self.vocabulary.eos_ids)), self.words
+        )
         self.kernel = NativeMaskKernel(
             self.table, automaton.native, self.eos_ids, self.state_cache_bytes, STEP_CACHE_ENTRIES
         )

@@ -26,9 +26,9 @@ from formline.native._kernel import (
     flatten_rules,
     helper_threads,
     prepare_helpers,
+    recursive_rule_indices,
     refine_partition,
     release_helpers,
-    rule_references,
     trim_states,
 )
 
@@ -48,8 +48,8 @@ __all__ = [
     "flatten_rules",
     "helper_threads",
     "prepare_helpers",
+    "recursive_rule_indices",
     "refine_partition",
     "release_helpers",
-    "rule_references",
     "trim_states",
 ]

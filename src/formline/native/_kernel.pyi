@@ -121,7 +121,7 @@ def build_automaton(
     stack_limit: int,
     seconds: float,
 ) -> dict[str, Any]: ...
-def rule_references(
+def recursive_rule_indices(
     kind: np.ndarray,
     a: np.ndarray,
     b: np.ndarray,
@@ -131,7 +131,7 @@ def rule_references(
     range_pairs: np.ndarray,
     rule_root: np.ndarray,
     rule_called: np.ndarray,
-) -> list[list[int]]: ...
+) -> list[int]: ...
 def flatten_rules(
     roots: list[Any], rule_number: dict[str, int], classes: tuple[type, ...]
 ) -> tuple[bytes, bytes, bytes, bytes, bytes, bytes, bytes, list[int]]: ...

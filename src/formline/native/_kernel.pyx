@@ -181,6 +181,9 @@ cdef extern from "lazy_build.hpp" namespace "formline" nogil:
     vector[vector[int32_t]] rule_references_native "formline::rule_references"(
         const FlatGrammar& grammar, int32_t nodes, int32_t rule_count
     ) except +
+    vector[int32_t] recursive_rules_native "formline::recursive_rules"(
+        const vector[vector[int32_t]]& references
+    ) except +
 
     int build_lazy_automaton(
         const FlatGrammar& grammar, int32_t rule_count, int32_t start, int64_t nfa_limit,
@@ -500,7 +503,7 @@ def build_automaton(
     return found
 
 
-def rule_references(
+def recursive_rule_indices(
     const int8_t[::1] kind,
     const int32_t[::1] a,
     const int32_t[::1] b,
@@ -511,14 +514,18 @@ def rule_references(
     const int32_t[::1] rule_root,
     const uint8_t[::1] rule_called,
 ):
-    """Per rule (an index), the sorted rule indices its body references."""
+    """The rule indices (sorted) whose bodies reach themselves through references, directly
+    or through other rules (``lazy_build.hpp``'s ``recursive_rules``), the GIL released.
+    Costs O(distinct nodes x rules) for the references, O(rules + references) for the rest."""
     cdef FlatGrammar grammar = _flat_grammar(
         kind, a, b, c, children, data, range_pairs, rule_root, rule_called
     )
-    cdef vector[vector[int32_t]] found
+    cdef vector[int32_t] found
     with nogil:
-        found = rule_references_native(grammar, grammar.node_count, <int32_t>rule_root.shape[0])
-    return [[rule for rule in rules] for rules in found]
+        found = recursive_rules_native(
+            rule_references_native(grammar, grammar.node_count, <int32_t>rule_root.shape[0])
+        )
+    return [rule for rule in found]
 
 
 def flatten_rules(list roots, dict rule_number, tuple classes):

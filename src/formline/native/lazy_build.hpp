@@ -120,6 +120,52 @@ inline std::vector<std::vector<int32_t>> rule_references(const FlatGrammar& gram
   return references;
 }
 
+// The rules that reach themselves through references (their strongly connected component
+// has several rules, or the rule references itself): Tarjan's algorithm, iterative, over
+// rule_references' edges. The Python version of it was 22 µs of a median MaskBench schema's
+// 840 µs compile (dicts of rule names); this is O(rules + references).
+inline std::vector<int32_t> recursive_rules(const std::vector<std::vector<int32_t>>& references) {
+  const int32_t rules = static_cast<int32_t>(references.size());
+  std::vector<int32_t> index(rules, -1), low(rules, 0), stack, recursive;
+  std::vector<uint8_t> on_stack(rules, 0);
+  std::vector<std::pair<int32_t, size_t>> work;  // (rule, next reference to follow)
+  int32_t counter = 0;
+  for (int32_t root = 0; root < rules; ++root) {
+    if (index[root] >= 0) continue;
+    work.emplace_back(root, 0);
+    while (!work.empty()) {
+      auto [rule, next] = work.back();
+      work.pop_back();
+      if (next == 0) {
+        index[rule] = low[rule] = counter++;
+        stack.push_back(rule);
+        on_stack[rule] = 1;
+      }
+      if (next < references[rule].size()) {
+        work.emplace_back(rule, next + 1);
+        const int32_t child = references[rule][next];
+        if (index[child] < 0)
+          work.emplace_back(child, 0);
+        else if (on_stack[child])
+          low[rule] = std::min(low[rule], index[child]);
+        continue;
+      }
+      if (!work.empty()) low[work.back().first] = std::min(low[work.back().first], low[rule]);
+      if (low[rule] != index[rule]) continue;
+      const size_t first = std::find(stack.begin(), stack.end(), rule) - stack.begin();
+      const bool cyclic = stack.size() - first > 1 ||
+                          std::binary_search(references[rule].begin(), references[rule].end(), rule);
+      for (size_t k = first; k < stack.size(); ++k) {
+        on_stack[stack[k]] = 0;
+        if (cyclic) recursive.push_back(stack[k]);
+      }
+      stack.resize(first);
+    }
+  }
+  std::sort(recursive.begin(), recursive.end());
+  return recursive;
+}
+
 // A built Thompson NFA as CSR, untrimmed (every edge kept, calls labelled with rules).
 inline RuleNfa nfa_as_csr(const ThompsonNfa& nfa) {
   RuleNfa out;

@@ -38,7 +38,7 @@ from formline.grammar.budget import (
     Deadline,
 )
 from formline.grammar.ir import Grammar, GrammarError
-from formline.native import STATE_LIMIT_EXCEEDED, NativeAutomaton, rule_references
+from formline.native import STATE_LIMIT_EXCEEDED, NativeAutomaton, recursive_rule_indices
 
 Stack = tuple[int, ...]
 BASE = -1  # bottom marker for walks that start in an unknown context
@@ -438,53 +438,12 @@ def build_pushdown_reference(
 
 
 def recursive_rules(grammar: Grammar) -> set[str]:
-    """Rules that can reach themselves through references (Tarjan's SCCs, iterative)."""
+    """Rules that can reach themselves through references (Tarjan's SCCs, in the kernel).
+    Costs O(distinct nodes x rules) natively: a few µs for a median MaskBench schema."""
     flat = grammar.flat()
     no_calls = np.zeros(len(flat.rule_names), dtype=np.uint8)
-    referenced = rule_references(*flat.arrays(), flat.rule_root, no_calls)
-    names = flat.rule_names
-    edges = {
-        names[rule]: [names[other] for other in referenced[rule]] for rule in range(len(names))
-    }
-    index: dict[str, int] = {}
-    low: dict[str, int] = {}
-    on_stack: set[str] = set()
-    stack: list[str] = []
-    recursive: set[str] = set()
-    counter = 0
-    for root in edges:
-        if root in index:
-            continue
-        work = [(root, 0)]
-        while work:
-            node, child_index = work.pop()
-            if child_index == 0:
-                index[node] = low[node] = counter
-                counter += 1
-                stack.append(node)
-                on_stack.add(node)
-            if child_index < len(edges[node]):
-                work.append((node, child_index + 1))
-                child = edges[node][child_index]
-                if child not in index:
-                    work.append((child, 0))
-                elif child in on_stack:
-                    low[node] = min(low[node], index[child])
-                continue
-            if work:
-                parent = work[-1][0]
-                low[parent] = min(low[parent], low[node])
-            if low[node] == index[node]:
-                component = []
-                while True:
-                    member = stack.pop()
-                    on_stack.discard(member)
-                    component.append(member)
-                    if member == node:
-                        break
-                if len(component) > 1 or node in edges[node]:
-                    recursive.update(component)
-    return recursive
+    found = recursive_rule_indices(*flat.arrays(), flat.rule_root, no_calls)
+    return {flat.rule_names[rule] for rule in found}
 
 
 def _rule_dfas(
