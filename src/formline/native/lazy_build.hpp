@@ -152,7 +152,11 @@ inline std::vector<int32_t> recursive_rules(const std::vector<std::vector<int32_
       }
       if (!work.empty()) low[work.back().first] = std::min(low[work.back().first], low[rule]);
       if (low[rule] != index[rule]) continue;
-      const size_t first = std::find(stack.begin(), stack.end(), rule) - stack.begin();
+      // The component is the stack from `rule` up: searched from the top, so that a chain of
+      // n rules, each its own component above its callers, costs O(n) and not O(n^2).
+      size_t first = stack.size();
+      while (stack[--first] != rule) {
+      }
       const bool cyclic = stack.size() - first > 1 ||
                           std::binary_search(references[rule].begin(), references[rule].end(), rule);
       for (size_t k = first; k < stack.size(); ++k) {
