@@ -282,6 +282,16 @@ inline std::vector<uint8_t> productive_rules(const std::vector<RuleNfa>& nfas,
   return productive;
 }
 
+// The byte classes of `nfa` from `boundary` (257 flags: a class starts at each byte flagged).
+inline void number_classes(const std::vector<uint8_t>& boundary, RuleNfa& nfa) {
+  int32_t current = -1;
+  for (int32_t byte = 0; byte < 256; ++byte) {
+    if (boundary[byte]) ++current;
+    nfa.classes[byte] = current;
+  }
+  nfa.class_count = current + 1;
+}
+
 // `nfa` with its byte classes and important states (a state with a byte edge or a call), the
 // edges as they are: trim_nfa's answer when every state is live and every callee productive,
 // most rules of a schema. Copied edge by edge instead, the native builds of MaskBench's
@@ -297,12 +307,7 @@ inline RuleNfa with_classes(RuleNfa&& nfa) {
     for (int32_t k = nfa.edge_begin[q]; k < nfa.edge_begin[q + 1]; ++k)
       boundary[nfa.edge_low[k]] = boundary[nfa.edge_high[k] + 1] = 1;
   }
-  int32_t current = -1;
-  for (int32_t byte = 0; byte < 256; ++byte) {
-    if (boundary[byte]) ++current;
-    nfa.classes[byte] = current;
-  }
-  nfa.class_count = current + 1;
+  number_classes(boundary, nfa);
   return std::move(nfa);
 }
 
@@ -355,12 +360,7 @@ inline RuleNfa trim_nfa(RuleNfa&& nfa, const std::vector<uint8_t>& productive) {
     }
     out.call_begin.push_back(static_cast<int32_t>(out.call_rule.size()));
   }
-  int32_t current = -1;
-  for (int32_t byte = 0; byte < 256; ++byte) {
-    if (boundary[byte]) ++current;
-    out.classes[byte] = current;
-  }
-  out.class_count = current + 1;
+  number_classes(boundary, out);
   return out;
 }
 
