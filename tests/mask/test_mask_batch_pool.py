@@ -1,6 +1,7 @@
 """The batch fill's kept helper threads (``native/pool.hpp``): masks equal one matcher at a
 time whether the pool is free, busy with another thread's batch, prepared and never used, or
-inherited by a forked child that has none of its threads."""
+inherited by a forked child that has none of its threads; and when two threads search the
+same cold string pieces at once (``native/kernel.hpp``'s ``check_piece``)."""
 
 from __future__ import annotations
 
@@ -132,3 +133,84 @@ def test_a_forked_child_fills_with_threads_of_its_own(smollm2_vocab: Any) -> Non
     np.testing.assert_array_equal(
         np.frombuffer(filled, dtype=np.int32).reshape(expected.shape), expected
     )
+
+
+FIELDS = ("name", "email", "city", "notes", "title", "bio")
+PIECES_SCHEMA = {
+    "type": "object",
+    "properties": {field: {"type": "string"} for field in FIELDS},
+    "required": list(FIELDS),
+    "additionalProperties": False,
+}
+
+
+def string_prefixes() -> list[str]:
+    """Prefixes that stop inside each field's string: after its opening quote and after two
+    characters (each field's content state starts a piece of its own)."""
+    prefixes, text = [], "{"
+    for position, field in enumerate(FIELDS):
+        text += ("," if position else "") + f'"{field}":"'
+        prefixes += [text, text + field[:2]]
+        text += field + '"'
+    return prefixes
+
+
+def cold_rows(vocabulary: Any) -> tuple[Any, list[Any]]:
+    compiled = GrammarCompiler(vocabulary, disk_cache=False).compile_json_schema(PIECES_SCHEMA)
+    matchers = []
+    for prefix in string_prefixes():
+        matcher = compiled.matcher()
+        assert matcher.accept_string(prefix)
+        matchers.append(matcher)
+    return compiled, matchers
+
+
+def test_pieces_searched_on_two_threads_at_once_equal_single_fills(smollm2_vocab: Any) -> None:
+    # A cold 2-thread fill searches the six string pieces on both threads at once, outside
+    # the lock that publishes them (kernel.hpp's check_piece); the masks and the count of
+    # states that take subtrees whole must be those of one thread.
+    compiled, matchers = cold_rows(smollm2_vocab)
+    expected = allocate_token_bitmask(len(matchers), smollm2_vocab.size)
+    for row, matcher in enumerate(matchers):
+        matcher.fill_next_token_bitmask(expected, row)
+    closed = compiled.compiled_grammar.statistics.closed_states
+    assert closed >= len(FIELDS)
+    for _ in range(8):
+        compiled, matchers = cold_rows(smollm2_vocab)
+        bitmask = allocate_token_bitmask(len(matchers), smollm2_vocab.size)
+        BatchGrammarMatcher(max_threads=2).batch_fill_next_token_bitmask(matchers, bitmask)
+        np.testing.assert_array_equal(bitmask, expected)
+        assert compiled.compiled_grammar.statistics.closed_states == closed
+
+
+def test_threads_that_search_one_piece_at_once_agree(smollm2_vocab: Any) -> None:
+    # Two Python threads fill the same cold state of one grammar at once (the kernel runs
+    # without the GIL): both may search its piece; the one published first is kept.
+    compiled, matchers = cold_rows(smollm2_vocab)
+    expected = allocate_token_bitmask(1, smollm2_vocab.size)
+    matchers[0].fill_next_token_bitmask(expected)
+    closed = compiled.compiled_grammar.statistics.closed_states
+    for _ in range(8):
+        compiled, matchers = cold_rows(smollm2_vocab)
+        pair = [matchers[0], compiled.matcher()]
+        assert pair[1].accept_string(string_prefixes()[0])
+        bitmasks = [allocate_token_bitmask(1, smollm2_vocab.size) for _ in pair]
+        fill_at_once(pair, bitmasks)
+        for bitmask in bitmasks:
+            np.testing.assert_array_equal(bitmask, expected)
+        assert compiled.compiled_grammar.statistics.closed_states == closed
+
+
+def fill_at_once(matchers: list[Any], bitmasks: list[np.ndarray]) -> None:
+    """Each matcher fills its bitmask on a thread of its own, all starting together."""
+    start = threading.Barrier(len(matchers))
+
+    def fill(index: int) -> None:
+        start.wait()
+        matchers[index].fill_next_token_bitmask(bitmasks[index])
+
+    workers = [threading.Thread(target=fill, args=(index,)) for index in range(len(matchers))]
+    for worker in workers:
+        worker.start()
+    for worker in workers:
+        worker.join(timeout=60)
