@@ -1,0 +1,129 @@
+"""``$ref`` resolution (``schema/resolving.py``): the root's resolver is crawled only when
+the schema names resources or anchors, and a JSON pointer into the root is read without a
+``referencing`` lookup. Both must resolve what ``referencing`` resolves: the pointers
+against its lookup, and the grammars and reports of the MaskBench sample's schemas with a
+``$ref`` against the compile that looks every reference up."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+from referencing.jsonschema import DRAFT202012
+
+from formline.grammar import GrammarError
+from formline.parser.pushdown import build_pushdown
+from formline.schema import SchemaError, schema_to_grammar
+from formline.schema.compiler import SchemaCompiler, SchemaOptions
+from formline.schema.resolving import has_identifiers, pointer_target, resolver_of
+
+MASKBENCH = Path(__file__).resolve().parents[1] / "data" / "maskbench"
+
+
+def accepts_under(schema: Any) -> Any:
+    automaton = build_pushdown(schema_to_grammar(schema)[0])
+    return lambda value: automaton.matches(json.dumps(value, separators=(",", ":")).encode())
+
+
+@pytest.mark.parametrize(
+    ("schema", "expected"),
+    [
+        ({"$defs": {"a": {"type": "string"}}, "$ref": "#/$defs/a"}, False),
+        ({"$id": "https://example.com/root.json", "items": {"$ref": "#/$defs/a"}}, False),
+        ({"properties": {"id": {"type": "string"}}}, False),  # a schema under "id"
+        ({"$defs": {"a": {"$id": "item.json"}}}, True),
+        ({"$defs": {"a": {"$anchor": "item"}}}, True),
+        ({"$anchor": "root"}, True),
+        ({"$id": "#root"}, True),  # draft 7's plain-name fragment: an anchor
+        ({"definitions": {"a": {"id": "item.json"}}}, True),  # draft 4
+        ({"anyOf": [{"$dynamicAnchor": "node"}]}, True),
+        ({"const": {"id": "x"}}, True),  # not an identifier, but only costs the crawl
+    ],
+)
+def test_only_schemas_with_identifiers_are_crawled(schema: Any, expected: bool) -> None:
+    assert has_identifiers(schema) is expected
+
+
+def test_references_resolve_with_and_without_the_crawl() -> None:
+    # No identifier: the root and the meta-schemas are in the registry uncrawled.
+    # The meta-schema's own "#/definitions/..." are read in the meta-schema, not in the
+    # root, which has a definition of the same name.
+    plain = {
+        "$defs": {"name": {"type": "string", "maxLength": 3}},
+        "definitions": {"nonNegativeInteger": {"type": "string"}},
+        "properties": {
+            "name": {"$ref": "#/$defs/name"},
+            "schema": {"$ref": "http://json-schema.org/draft-07/schema#"},
+            "count": {"$ref": "#/definitions/nonNegativeInteger"},
+        },
+        "required": ["name"],
+    }
+    accepts = accepts_under(plain)
+    assert accepts({"name": "Ada", "schema": {"maxLength": 5, "type": "string"}})
+    assert accepts({"name": "Ada", "count": "five"})
+    assert not accepts({"name": "Ada", "schema": {"maxLength": "five"}})
+    assert not accepts({"name": "Ada Lovelace"})
+    # An embedded resource and an anchor, named by URI: found by the crawl.
+    named = {
+        "$id": "https://example.com/root.json",
+        "$defs": {
+            "age": {"$id": "age.json", "type": "integer", "minimum": 0},
+            "city": {"$anchor": "city", "type": "string", "maxLength": 4},
+        },
+        "properties": {"age": {"$ref": "age.json"}, "city": {"$ref": "#city"}},
+    }
+    accepts = accepts_under(named)
+    assert accepts({"age": 36, "city": "Rome"})
+    assert not accepts({"age": -1})
+    assert not accepts({"city": "London"})
+    with pytest.raises(SchemaError, match="does not resolve"):
+        schema_to_grammar({"properties": {"a": {"$ref": "other.json#/a"}}})
+
+
+def test_pointers_read_in_the_root_equal_referencings_lookup() -> None:
+    document = {"a/b": {"c~d": [10, {"e f": 5}]}, "$defs": {"x": {"type": "string"}}, "%25": 1}
+    resolver = resolver_of(document, DRAFT202012, is_crawled=False)
+    for reference in ("#", "#/$defs/x", "#/a~1b/c~0d/1/e%20f", "#/a~1b/c~0d/0", "#/%2525"):
+        assert pointer_target(document, reference[1:]) == resolver.lookup(reference).contents
+    for reference in ("#/missing", "#/a~1b/c~0d/7", "#/a~1b/c~0d/x", "#/%25/0"):
+        with pytest.raises((LookupError, ValueError, TypeError)):
+            pointer_target(document, reference[1:])
+        with pytest.raises(Exception):  # noqa: B017 - referencing's own error types
+            resolver.lookup(reference)
+
+
+def compile_all(schema: Any) -> Any:
+    """The grammar and report of ``schema``, or its error."""
+    try:
+        compiler = SchemaCompiler(schema, SchemaOptions())
+        grammar = compiler.grammar()
+    except (SchemaError, GrammarError) as error:
+        return ("error", str(error))
+    return grammar.rules, grammar.start, grammar.called_rules, repr(vars(compiler.report))
+
+
+def test_sample_schemas_compile_alike_with_and_without_root_pointers(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    schemas = [
+        json.loads(path.read_text())["schema"]
+        for path in sorted(MASKBENCH.glob("*.json"))
+        if '"$ref"' in path.read_text()
+    ]
+    assert len(schemas) >= 50
+    read_in_root = []
+    is_in_root = SchemaCompiler._is_in_root
+
+    def counted(self: SchemaCompiler, reference: str, resolver: Any) -> bool:
+        answer = is_in_root(self, reference, resolver)
+        read_in_root.append(answer)
+        return answer
+
+    monkeypatch.setattr(SchemaCompiler, "_is_in_root", counted)
+    fast = [compile_all(schema) for schema in schemas]
+    assert sum(read_in_root) >= 500  # most references took the pointer path
+    monkeypatch.setattr(SchemaCompiler, "_is_in_root", lambda *arguments: False)
+    for schema, answer in zip(schemas, fast, strict=True):
+        assert compile_all(schema) == answer
