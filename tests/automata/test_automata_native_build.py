@@ -2,6 +2,7 @@
 linked, in the kernel) against the Python builder, on random grammars and real schemas."""
 
 import json
+import threading
 import time
 from pathlib import Path
 
@@ -88,6 +89,49 @@ def test_native_rule_automata_equal_the_python_builder(bodies) -> None:
     # the root also inlines nothing: it only calls.
     rules = {"root": bodies[0], "r0": bodies[1], "r1": bodies[2], "r2": bodies[3]}
     assert_same_automaton(Grammar(rules, "root", called_rules=frozenset({"r0", "r1", "r2"})))
+
+
+# 400 literals: a root past the kernel's threshold for building the NFAs on two threads
+# (lazy_build.hpp's kParallelBuildNodes).
+WIDE_ROOT = Choice(tuple(Literal(b"w%03d" % index) for index in range(400)))
+
+
+@given(st.lists(trees(), min_size=8, max_size=8))
+@settings(max_examples=60, deadline=None)
+def test_rules_built_on_two_threads_equal_the_python_builder(bodies) -> None:
+    # Eight called rules of a root wide enough for the two-thread build: the same automaton
+    # or the same error (a failure is the one a single thread's discovery meets first).
+    rules = {f"r{index}": body for index, body in enumerate(bodies[:7])}
+    rules["root"] = Choice((WIDE_ROOT, bodies[7], *(RuleReference(name) for name in rules)))
+    assert len(flatten(rules).kind) >= 400
+    assert_same_automaton(Grammar(rules, "root", called_rules=frozenset(rules) - {"root"}))
+
+
+def test_wide_grammars_built_on_two_python_threads_at_once_agree() -> None:
+    # One build holds the helper, the other finds it busy and builds alone (pool.hpp's
+    # alone_when_busy): both give the Python builder's automaton, every time.
+    items = [Repeat(Literal(b"abc"), 0, 40), Choice((Literal(b"x"), RuleReference("r0")))]
+    rules: dict[str, Node] = {
+        f"r{index}": Sequence((Literal(b"%d" % index), items[0])) for index in range(6)
+    }
+    rules["root"] = Choice((WIDE_ROOT, items[1], *(RuleReference(name) for name in rules)))
+    grammar = Grammar(rules, "root", called_rules=frozenset(rules) - {"root"})
+    expected = canonical(build_pushdown_reference(grammar))
+    results: list[object] = []
+    start = threading.Barrier(2)
+
+    def build_many() -> None:
+        start.wait()
+        for _ in range(20):
+            results.append(canonical(minimized(build_pushdown(grammar))))
+
+    workers = [threading.Thread(target=build_many) for _ in range(2)]
+    for worker in workers:
+        worker.start()
+    for worker in workers:
+        worker.join(timeout=120)
+    assert len(results) == 40
+    assert all(result == expected for result in results)
 
 
 def test_native_trim_drops_dead_branches_and_calls_that_derive_nothing() -> None:

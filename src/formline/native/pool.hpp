@@ -1,4 +1,5 @@
-// Helper threads kept between batch fills, woken before the fill and kept off its CPU.
+// Helper threads kept between batch fills, woken before the fill and kept off its CPU; a big
+// grammar's automaton build (lazy_build.hpp) borrows them too.
 //
 // Why, measured on this project's 2-core VMs (AMD EPYC; the figures of a C++ test, a thread
 // woken on a condition variable 2-20 ms after its last work):
@@ -84,7 +85,9 @@ class HelperPool {
   // every thread that started it has returned. `job` must be safe to run on several threads
   // at once and must return once no work is left (a helper that arrives after the caller
   // found none left does not start it). Exceptions must not leave `job`.
-  void run(int helpers, const std::function<void()>& job) {
+  // `alone_when_busy`: where another caller holds the pool, run `job` on the calling thread
+  // only (a compile: its threads would cost more than they save), not on threads made for it.
+  void run(int helpers, const std::function<void()>& job, bool alone_when_busy = false) {
     helpers = std::min(helpers, helper_limit_);
     if (helpers <= 0) {
       job();
@@ -92,7 +95,10 @@ class HelperPool {
     }
     std::unique_lock<std::mutex> busy(run_mutex_, std::try_to_lock);
     if (!busy.owns_lock()) {  // another batch holds the pool: threads of our own
-      run_unpooled(helpers, job);
+      if (alone_when_busy)
+        job();
+      else
+        run_unpooled(helpers, job);
       return;
     }
     const bool held = holds_.load(std::memory_order_acquire) > 0;
