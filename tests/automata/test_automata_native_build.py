@@ -134,6 +134,27 @@ def test_wide_grammars_built_on_two_python_threads_at_once_agree() -> None:
     assert all(result == expected for result in results)
 
 
+def test_a_failure_of_the_two_thread_build_names_the_rule_one_thread_meets_first() -> None:
+    # Two called rules past the kernel's NFA limit (inlined references count once in the
+    # estimate before it); an unreferenced rule of 400 literals takes the grammar past the
+    # two-thread threshold without changing what the start reaches. One thread's discovery
+    # meets r4 first (the start's callees are taken last first).
+    rules: dict[str, Node] = {f"r{index}": Literal(b"%d" % index) for index in range(6)}
+    rules["big"] = Literal(b"x" * 30)
+    rules["r1"] = Sequence(tuple(RuleReference("big") for _ in range(10)))
+    rules["r4"] = Sequence(tuple(RuleReference("big") for _ in range(12)))
+    rules["root"] = Sequence(tuple(RuleReference(f"r{index}") for index in range(6)))
+    called = frozenset(f"r{index}" for index in range(6))
+    with pytest.raises(AutomatonLimitError, match="rule 'r4'") as alone:
+        build_pushdown(Grammar(rules, "root", called_rules=called), nfa_state_limit=200)
+    wide = Grammar({**rules, "zz_pad": WIDE_ROOT}, "root", called_rules=called)
+    assert len(flatten(wide.rules).kind) >= 400
+    for _ in range(10):
+        with pytest.raises(AutomatonLimitError) as caught:
+            build_pushdown(wide, nfa_state_limit=200)
+        assert str(caught.value) == str(alone.value)
+
+
 def test_native_trim_drops_dead_branches_and_calls_that_derive_nothing() -> None:
     # r0 is live throughout (its NFA is kept as built); r1 has a branch through an empty
     # byte class and one through r2, which derives nothing: both are trimmed away.

@@ -15,6 +15,7 @@
 #include <exception>
 #include <memory>
 #include <mutex>
+#include <system_error>
 #include <vector>
 
 #include "automaton.hpp"
@@ -424,9 +425,6 @@ inline std::vector<int32_t> left_recursion(const std::vector<RuleNfa>& nfas,
   return {};
 }
 
-// The lazy automaton of `grammar` from rule `start`, at most `capacity` DFA states. Returns 0,
-// or kMalformed, kNfaLimitExceeded, kOutOfTime, kExceptCalls (result.failed_rule says which
-// rule), kNotProductive, kLeftRecursion (result.cycle) or kStateLimitExceeded.
 // One rule's NFA, built ahead of its turn or in it.
 struct RuleBuild {
   RuleNfa nfa;
@@ -484,8 +482,18 @@ class HelperHold {
   ~HelperHold() {
     if (held_) HelperPool::shared().release();
   }
-  void prepare() {
-    if (!held_) HelperPool::shared().prepare(1), held_ = true;
+  // Whether the helper is held: false where its thread cannot be made (the process's thread
+  // limit), and the build stays on one thread.
+  bool prepare() {
+    if (held_) return true;
+    held_ = true;  // prepare counts the hold before it makes the thread
+    try {
+      HelperPool::shared().prepare(1);
+    } catch (const std::system_error&) {
+      HelperPool::shared().release();
+      held_ = false;
+    }
+    return held_;
   }
 
  private:
@@ -519,22 +527,33 @@ void run_on_two_threads(size_t count, Work work) {
 
 // Builds every callable rule's NFA into `builds` on two threads when the grammar is big
 // enough, and says whether it did (else the discovery builds each rule in its turn). A rule
-// the discovery never reaches is built for nothing, and a failure stops no other build: the
-// discovery reports it.
+// the discovery never reaches is built for nothing. The first failure stops the builds not
+// yet begun, and a failed build is dropped: the discovery builds that rule again if it
+// reaches it, so its error (and which rule it names) is a one-thread build's, and a failing
+// grammar fails about as fast.
 template <typename SecondsLeft>
 bool build_rules_ahead(const FlatGrammar& grammar, int32_t rule_count, int32_t start,
                        int64_t nfa_limit, SecondsLeft left, std::vector<RuleBuild>& builds,
                        HelperHold& hold) {
   if (grammar.node_count < kParallelBuildNodes) return false;
   const auto callable = callable_rules(grammar, rule_count, start);
-  if (callable.size() < kParallelBuildRules) return false;
-  hold.prepare();
+  if (callable.size() < kParallelBuildRules || !hold.prepare()) return false;
+  std::atomic<bool> failed{false};
   run_on_two_threads(callable.size(), [&](size_t k, ItemCaches& caches) {
-    build_rule(grammar, callable[k], nfa_limit, left(), caches, builds[callable[k]]);
+    if (failed.load(std::memory_order_relaxed)) return;
+    RuleBuild& build = builds[callable[k]];
+    build_rule(grammar, callable[k], nfa_limit, left(), caches, build);
+    if (build.status != 0) {
+      failed = true;
+      build = RuleBuild();
+    }
   });
   return true;
 }
 
+// The lazy automaton of `grammar` from rule `start`, at most `capacity` DFA states. Returns 0,
+// or kMalformed, kNfaLimitExceeded, kOutOfTime, kExceptCalls (result.failed_rule says which
+// rule), kNotProductive, kLeftRecursion (result.cycle) or kStateLimitExceeded.
 inline int build_lazy_automaton(const FlatGrammar& grammar, int32_t rule_count, int32_t start,
                                 int64_t nfa_limit, int32_t capacity, int32_t stack_limit,
                                 double seconds, LazyBuildResult& result) {

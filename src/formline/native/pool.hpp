@@ -19,8 +19,10 @@
 // fill, and the cold 64-row fill is 1.3x faster on 2 threads (bench/README.md, batch_bench).
 //
 // One batch runs on the pool at a time; a caller that finds it busy (another Python thread's
-// fill) runs with threads of its own. After fork() the child has none of the parent's
-// threads: the pool is abandoned there (its memory kept, never touched) and a new one made.
+// fill, or a big grammar's build) runs with threads of its own, or alone if it asks to (a
+// build: a thread made per call would cost more than it saves). After fork() the child has
+// none of the parent's threads: the pool is abandoned there (its memory kept, never
+// touched) and a new one made.
 #pragma once
 
 #include <pthread.h>

@@ -11,16 +11,18 @@ from urllib.parse import unquote
 from jsonschema_specifications import REGISTRY as SPECIFICATIONS
 from referencing import Resource
 
-# Keywords that name a resource or an anchor (drafts 4 to 2020-12: "id" in draft 4).
-IDENTIFIER_KEYWORDS = frozenset(("$id", "id", "$anchor", "$dynamicAnchor", "$recursiveAnchor"))
+# Keywords that name a resource or an anchor by a string. "id" is draft 4's "$id" (referencing
+# reads draft 4 schemas as draft 7, which does not index it: counted to be safe; draft
+# 2019-09's "$recursiveAnchor" is a boolean and names nothing).
+IDENTIFIER_KEYWORDS = frozenset(("$id", "id", "$anchor", "$dynamicAnchor"))
 
 
 def has_identifiers(root: Any) -> bool:
     """Whether ``root`` holds a string under an identifier keyword anywhere but its own
     plain ``$id``/``id`` (a base URI without fragment, which the registry knows by then).
-    A property named ``id`` or an ``id`` inside ``const`` or ``examples`` counts too: it
-    only costs the crawl. Iterative; O(size of the schema), about 5 times faster than the
-    crawl."""
+    An ``id`` holding a string inside ``const``, ``enum`` or ``examples`` counts too: it only
+    costs the crawl (a property named ``id`` holds a schema, not a string). Iterative;
+    O(size of the schema), about 5 times faster than the crawl."""
     pending = [root]
     while pending:
         node = pending.pop()
