@@ -41,13 +41,18 @@ def has_identifiers(root: Any) -> bool:
     return False
 
 
+def base_uri_of(root: Any) -> str:
+    """The base URI references in ``root`` resolve against: its ``$id``, else empty."""
+    base = root.get("$id", "") if isinstance(root, dict) else ""
+    return base if isinstance(base, str) else ""
+
+
 def resolver_of(root: Any, specification: Any, is_crawled: bool) -> Any:
     """``root``'s resolver; ``is_crawled``: index its embedded resources and anchors first.
     Without any, a reference resolves in the root (by JSON pointer) or in a meta-schema,
     both in the registry already; and a lookup that misses crawls on its own (referencing's
     ``get_or_retrieve``), so an unresolvable reference still fails."""
-    base = root.get("$id", "") if isinstance(root, dict) else ""
-    base = base if isinstance(base, str) else ""
+    base = base_uri_of(root)
     resource = Resource.from_contents(root, default_specification=specification)
     registry = SPECIFICATIONS.with_resource(base, resource)
     return (registry.crawl() if is_crawled else registry).resolver(base)
@@ -77,8 +82,7 @@ class LazyResolver:
         self._specification = specification
         self._resolver: Any = None
         self._has_identifiers: bool | None = None
-        base = root.get("$id", "") if isinstance(root, dict) else ""
-        self.base_uri = base if isinstance(base, str) else ""  # resolver_of's base
+        self.base_uri = base_uri_of(root)
 
     def has_identifiers(self) -> bool:
         """:func:`has_identifiers` of the root, found once."""
