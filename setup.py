@@ -36,6 +36,7 @@ KERNEL_HEADERS = (
     "trie.hpp",
     "equivalence.hpp",
     "walk.hpp",
+    "spin_mutex.hpp",
 )
 KERNEL = Extension(
     "formline.native._kernel",

@@ -29,6 +29,7 @@ from formline.native._kernel import (
     recursive_rule_indices,
     refine_partition,
     release_helpers,
+    spin_mutex_count,
     trim_states,
 )
 
@@ -51,5 +52,6 @@ __all__ = [
     "recursive_rule_indices",
     "refine_partition",
     "release_helpers",
+    "spin_mutex_count",
     "trim_states",
 ]

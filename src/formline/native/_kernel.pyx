@@ -116,6 +116,10 @@ ctypedef fused logit_bits:
     uint64_t
 
 
+cdef extern from "spin_mutex.hpp" namespace "formline" nogil:
+    int64_t count_under_spin_mutex(int threads, int rounds, int hold_every,
+                                   int hold_microseconds) except +
+
 cdef extern from "pool.hpp" namespace "formline" nogil:
     cdef cppclass HelperPool:
         @staticmethod
@@ -1057,6 +1061,17 @@ def helper_threads():
     """How many helper threads this process's batch pool has made: at most one fewer than
     the CPUs it may use; none yet in a forked child, whatever its parent made."""
     return HelperPool.shared().helper_count()
+
+
+def spin_mutex_count(int threads, int rounds, int hold_every=0, int hold_microseconds=0):
+    """The tests' check of the batch's locks (``spin_mutex.hpp``): ``threads`` threads each
+    add 1 ``rounds`` times to a plain counter under one lock, every ``hold_every``-th time
+    holding it ``hold_microseconds`` (so a waiter gives up spinning and sleeps). Returns the
+    counter, ``threads * rounds`` when the lock excludes. Costs the threads' rounds."""
+    cdef int64_t counted
+    with nogil:
+        counted = count_under_spin_mutex(threads, rounds, hold_every, hold_microseconds)
+    return counted
 
 
 def copy_masks(list sources, int32_t[:, ::1] bitmask, const int64_t[::1] rows):

@@ -32,6 +32,8 @@
 #include <utility>
 #include <vector>
 
+#include "spin_mutex.hpp"
+
 namespace formline {
 constexpr int32_t kUnknown = -3;         // a row entry of a state not expanded yet
 constexpr int kStateLimitExceeded = -3;  // status: more states than the automaton's capacity
@@ -246,7 +248,7 @@ class LazyAutomaton {
   // How many states were made, published or not (the per-state arrays of a kernel on this
   // automaton were written below it).
   int32_t made_states() const {
-    std::lock_guard<std::mutex> guard(mutex_);
+    std::lock_guard<SpinMutex> guard(mutex_);
     return made_;
   }
 
@@ -292,7 +294,7 @@ class LazyAutomaton {
 
   // Bytes held: rows, call lists, the NFA state sets and their index.
   size_t memory_bytes() const {
-    std::lock_guard<std::mutex> guard(mutex_);
+    std::lock_guard<SpinMutex> guard(mutex_);
     return static_cast<size_t>(size()) * (1024 + 24) + index_.memory_bytes() +
            raw_index_.memory_bytes() + subsets_.capacity() * 12;
   }
@@ -301,7 +303,7 @@ class LazyAutomaton {
   // Lazy: each rule's trimmed NFA, then state 0 made from `start_rule`'s NFA start.
   // Returns 0 or kStateLimitExceeded.
   int start_from_rules(std::vector<RuleNfa> rules, int32_t start_rule, bool start_called) {
-    std::lock_guard<std::mutex> guard(mutex_);
+    std::lock_guard<SpinMutex> guard(mutex_);
     rules_ = std::move(rules);
     start_rule_ = start_rule;
     start_called_ = start_called;
@@ -318,7 +320,7 @@ class LazyAutomaton {
   // state is expanded. `start_called`: some call enters state 0 (the start rule's start).
   void add_given_state(const int32_t* row, bool accepting, const int32_t* callees,
                        const int32_t* returns, int32_t call_count, int32_t rule) {
-    std::lock_guard<std::mutex> guard(mutex_);
+    std::lock_guard<SpinMutex> guard(mutex_);
     const int32_t state = make_state(rule);
     std::copy_n(row, 256, writable_row(state));
     accepting_[state] = accepting;
@@ -343,7 +345,7 @@ class LazyAutomaton {
   // The row of `state`, computed now if it is not: a subset construction step per byte
   // class, the states it reaches made (metadata complete) before the row names them.
   const int32_t* expand(int32_t state) {
-    std::lock_guard<std::mutex> guard(mutex_);
+    std::lock_guard<SpinMutex> guard(mutex_);
     int32_t* row = writable_row(state);
     if (expanded_[state]) return row;
     const int32_t rule = rule_[state];
@@ -559,7 +561,7 @@ class LazyAutomaton {
   ZeroedArray<int32_t*> calls_;
   std::atomic<int32_t> size_{0};
   std::atomic<bool> failed_{false};
-  mutable std::mutex mutex_;
+  mutable SpinMutex mutex_;
   // Under mutex_: the subset construction's state.
   int32_t made_ = 0;
   int32_t start_rule_ = 0;

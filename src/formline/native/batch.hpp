@@ -19,6 +19,7 @@
 #include <utility>
 #include <vector>
 
+#include "spin_mutex.hpp"
 #include "kernel.hpp"
 #include "pool.hpp"
 
@@ -85,7 +86,7 @@ class BatchFill {
     try {
       work();
     } catch (...) {
-      std::lock_guard<std::mutex> guard(mutex_);
+      std::lock_guard<SpinMutex> guard(mutex_);
       if (!failure_) failure_ = std::current_exception();
       next_fill_ = fills_.size();  // the others stop at their next fill
     }
@@ -109,7 +110,7 @@ class BatchFill {
       WalkTask task;
       size_t left;
       {
-        std::lock_guard<std::mutex> guard(mutex_);
+        std::lock_guard<SpinMutex> guard(mutex_);
         if (walks_.empty()) return;
         task = walks_.front();
         walks_.pop_front();
@@ -118,7 +119,7 @@ class BatchFill {
       const int mode = put_back <= left ? kDeferToMate : kWaitForMate;
       const int status = task.kernel->walk_state_scheduled(task.state, mode);
       if (status == kDeferred) {
-        std::lock_guard<std::mutex> guard(mutex_);
+        std::lock_guard<SpinMutex> guard(mutex_);
         walks_.push_back(task);
         ++put_back;
         continue;
@@ -136,7 +137,7 @@ class BatchFill {
 
   std::vector<BatchFillTask> fills_;
   std::deque<WalkTask> walks_;
-  std::mutex mutex_;
+  SpinMutex mutex_;
   std::atomic<size_t> next_fill_{0};
   std::atomic<int> status_{0};
   std::exception_ptr failure_;

@@ -24,6 +24,7 @@
 #include <utility>
 #include <vector>
 
+#include "spin_mutex.hpp"
 #include "equivalence.hpp"
 #include "trie.hpp"
 #include "walk.hpp"
@@ -185,12 +186,12 @@ class MaskKernel {
   }
 
   bool is_walked(int32_t state) {
-    std::lock_guard<std::mutex> guard(mutex_);
+    std::lock_guard<SpinMutex> guard(mutex_);
     return known(state) != nullptr;
   }
 
   KernelStatistics statistics() {
-    std::lock_guard<std::mutex> guard(mutex_);
+    std::lock_guard<SpinMutex> guard(mutex_);
     KernelStatistics result = statistics_;
     result.memory_bytes = static_cast<int64_t>(memory_bytes_);
     result.closed_states = closed_states_.load(std::memory_order_relaxed);
@@ -201,7 +202,7 @@ class MaskKernel {
   std::shared_ptr<const StateData> state_data(int32_t state, int& status,
                                               int mode = kWalkNow) {
     {
-      std::lock_guard<std::mutex> guard(mutex_);
+      std::lock_guard<SpinMutex> guard(mutex_);
       if (const auto& data = known(state)) return data;  // a fill's usual case: no shape
     }
     check_piece(state);  // before its shape: a piece's states offer no alike walk
@@ -209,7 +210,7 @@ class MaskKernel {
     {
       // Computed outside the lock, so rows on other threads walk other states meanwhile; a
       // thread that needs a state another is walking waits for it instead of walking twice.
-      std::unique_lock<std::mutex> guard(mutex_);
+      std::unique_lock<SpinMutex> guard(mutex_);
       for (;;) {
         if (const auto& data = known(state)) return data;
         if (walking_.count(state) == 0) {
@@ -251,7 +252,7 @@ class MaskKernel {
   // `state`'s walk ended (done, refused or thrown): its waiters and its mates go on.
   void finish_walking(int32_t state, uint64_t shape) {
     {
-      std::lock_guard<std::mutex> guard(mutex_);
+      std::lock_guard<SpinMutex> guard(mutex_);
       walking_.erase(state);
       if (shape != 0) {
         std::vector<int32_t>& mates = walking_shapes_[shape];
@@ -357,7 +358,7 @@ class MaskKernel {
     data->memory_bytes += escapes.size() * 8;
     data->escape_list = std::move(escapes);
     data->inside = intern(std::move(inside));  // takes the lock itself, briefly
-    std::lock_guard<std::mutex> guard(mutex_);
+    std::lock_guard<SpinMutex> guard(mutex_);
     if (const auto& known_data = known(state)) return known_data;
     statistics_.escape_entries += static_cast<int64_t>(data->escape_entries());
     statistics_.alike_walks += alike != nullptr;
@@ -368,7 +369,7 @@ class MaskKernel {
   // An alike state's whole walk, shared: counted once in memory_bytes_, where it was made.
   std::shared_ptr<const StateData> remember(int32_t state, uint64_t shape,
                                             std::shared_ptr<const StateData> data, bool shaped) {
-    std::lock_guard<std::mutex> guard(mutex_);
+    std::lock_guard<SpinMutex> guard(mutex_);
     if (const auto& known_data = known(state)) return known_data;
     statistics_.alike_walks += 1;
     return remember_locked(state, shape, std::move(data), shaped, false);
@@ -405,7 +406,7 @@ class MaskKernel {
   int32_t alike_depth(int32_t state, uint64_t shape, std::shared_ptr<const StateData>& alike) {
     std::vector<std::pair<int32_t, std::shared_ptr<const StateData>>> candidates;
     {
-      std::lock_guard<std::mutex> guard(mutex_);
+      std::lock_guard<SpinMutex> guard(mutex_);
       auto found = shapes_.find(shape);
       if (found == shapes_.end()) return 0;
       for (auto known = found->second.rbegin(); known != found->second.rend(); ++known)
@@ -592,7 +593,7 @@ class MaskKernel {
       if (!members.empty() && members.size() <= static_cast<size_t>(TokenTable::kPieceStates))
         closed = table_->closed_below(piece);
     }
-    std::lock_guard<std::mutex> guard(piece_mutex_);
+    std::lock_guard<SpinMutex> guard(piece_mutex_);
     if (closed != nullptr) {
       bool kept = false;
       for (size_t k = 0; k < members.size(); ++k) {
@@ -637,14 +638,14 @@ class MaskKernel {
     if (!any) return nullptr;
     std::vector<std::shared_ptr<const std::vector<uint32_t>>> known;
     {
-      std::lock_guard<std::mutex> guard(mutex_);
+      std::lock_guard<SpinMutex> guard(mutex_);
       auto found = unique_masks_.find(hash);
       if (found != unique_masks_.end()) known = found->second;
     }
     for (const auto& candidate : known)
       if (*candidate == words) return candidate;
     auto stored = std::make_shared<const std::vector<uint32_t>>(std::move(words));
-    std::lock_guard<std::mutex> guard(mutex_);
+    std::lock_guard<SpinMutex> guard(mutex_);
     auto& bucket = unique_masks_[hash];
     for (const auto& candidate : bucket)  // another thread's, stored meanwhile (rare)
       if (candidate != nullptr && !is_among(candidate, known) && *candidate == *stored)
@@ -664,7 +665,7 @@ class MaskKernel {
                                                             const StateData& data, int& status) {
     std::vector<int32_t> key(stack, stack + length);
     {
-      std::lock_guard<std::mutex> guard(mutex_);
+      std::lock_guard<SpinMutex> guard(mutex_);
       auto found = escape_cache_.find(key);
       if (found != escape_cache_.end()) return found->second;
     }
@@ -685,7 +686,7 @@ class MaskKernel {
           if (allowed[token >> 5] & (1u << (token & 31))) result->push_back(token);
       }
     }
-    std::lock_guard<std::mutex> guard(mutex_);
+    std::lock_guard<SpinMutex> guard(mutex_);
     statistics_.escape_checks += 1;
     memory_bytes_ += result->size() * 4 + key.size() * 4 + 64;
     if (memory_bytes_ > static_cast<size_t>(cache_limit_bytes_)) forget();
@@ -708,8 +709,8 @@ class MaskKernel {
   Automaton automaton_;
   std::vector<int32_t> eos_ids_;
   int64_t cache_limit_bytes_;
-  std::mutex mutex_;
-  std::condition_variable walked_;
+  SpinMutex mutex_;
+  std::condition_variable_any walked_;
   std::unordered_set<int32_t> walking_;
   std::unordered_map<uint64_t, std::vector<int32_t>> walking_shapes_;  // shape -> being walked
   std::vector<std::shared_ptr<const StateData>> states_;  // by state, grown as walked
@@ -721,7 +722,7 @@ class MaskKernel {
   ZeroedArray<uint8_t> closed_bit_;
   ZeroedArray<const ClosedPiece*> closed_piece_;
   ZeroedArray<uint8_t> piece_known_;
-  std::mutex piece_mutex_;  // check_piece's: pieces are published one at a time
+  SpinMutex piece_mutex_;  // check_piece's: pieces are published one at a time
   std::vector<std::shared_ptr<const ClosedPiece>> closed_owners_;
   std::atomic<int64_t> closed_states_{0};
   std::unordered_map<std::vector<int32_t>, std::shared_ptr<const std::vector<int32_t>>, VectorHash>

@@ -15,6 +15,8 @@
 #include <numeric>
 #include <vector>
 
+#include "spin_mutex.hpp"
+
 namespace formline {
 
 struct Trie {
@@ -115,7 +117,7 @@ struct TokenTable {
   // the piece: closed_below(piece)[node] has bit q set when every string below the node,
   // read from the piece's state q, stays in it. Computed once per piece and vocabulary, so
   // every grammar with the same string states shares it.
-  mutable std::mutex closed_mutex;
+  mutable SpinMutex closed_mutex;
   struct CachedPiece {
     std::shared_ptr<const ClosedPiece> piece;
     uint64_t used;  // closed_tick at its last use: the least recent goes when a new one comes
@@ -128,7 +130,7 @@ struct TokenTable {
   // The tokens of at most `length` bytes, as mask words. Costs one pass over the token
   // lengths (128,256 for Llama-3), once per length.
   std::shared_ptr<const std::vector<uint32_t>> short_tokens(int32_t length) const {
-    std::lock_guard<std::mutex> guard(closed_mutex);
+    std::lock_guard<SpinMutex> guard(closed_mutex);
     auto found = short_cache.find(length);
     if (found != short_cache.end()) return found->second;
     auto words = std::make_shared<std::vector<uint32_t>>(static_cast<size_t>(this->words), 0u);
@@ -149,7 +151,7 @@ struct TokenTable {
   // schemas were walked without their piece (a string state's first mask 2-3x dearer).
   std::shared_ptr<const ClosedPiece> closed_below(const std::vector<int8_t>& piece) const {
     {
-      std::lock_guard<std::mutex> guard(closed_mutex);
+      std::lock_guard<SpinMutex> guard(closed_mutex);
       auto found = closed_cache.find(piece);
       if (found != closed_cache.end()) {
         found->second.used = ++closed_tick;
@@ -201,7 +203,7 @@ struct TokenTable {
     result->below = std::move(below);
     result->transitions = piece;
     result->inside.resize(static_cast<size_t>(count));
-    std::lock_guard<std::mutex> guard(closed_mutex);
+    std::lock_guard<SpinMutex> guard(closed_mutex);
     auto found = closed_cache.find(piece);  // another thread's, made meanwhile
     if (found != closed_cache.end()) return found->second.piece;
     if (closed_cache.size() >= kClosedPieces) {
@@ -217,7 +219,7 @@ struct TokenTable {
 
   // The pieces made so far (other grammars' on this vocabulary among them).
   std::vector<std::shared_ptr<const ClosedPiece>> closed_pieces() const {
-    std::lock_guard<std::mutex> guard(closed_mutex);
+    std::lock_guard<SpinMutex> guard(closed_mutex);
     std::vector<std::shared_ptr<const ClosedPiece>> pieces;
     for (const auto& entry : closed_cache) pieces.push_back(entry.second.piece);
     return pieces;
@@ -231,7 +233,7 @@ struct TokenTable {
   std::shared_ptr<const std::vector<uint32_t>> piece_inside(const ClosedPiece& piece,
                                                             int q) const {
     {
-      std::lock_guard<std::mutex> guard(closed_mutex);
+      std::lock_guard<SpinMutex> guard(closed_mutex);
       if (piece.inside[q]) return piece.inside[q];
     }
     auto words = std::make_shared<std::vector<uint32_t>>(static_cast<size_t>(this->words), 0u);
@@ -253,7 +255,7 @@ struct TokenTable {
       at[trie.depth[node]] = next;
       node = whole ? trie.end[node] : node + 1;
     }
-    std::lock_guard<std::mutex> guard(closed_mutex);
+    std::lock_guard<SpinMutex> guard(closed_mutex);
     if (!piece.inside[q]) piece.inside[q] = std::move(words);
     return piece.inside[q];
   }
