@@ -73,7 +73,8 @@ int32_t pair_depth(std::pair<int32_t, int32_t> start, int32_t limit, size_t most
                    int32_t exhausted, Expand expand) {
   std::vector<std::pair<int32_t, int32_t>> level{start}, next;
   const auto key_of = [](int32_t first, int32_t second) {
-    return (static_cast<uint64_t>(static_cast<uint32_t>(first)) << 32) | static_cast<uint32_t>(second);
+    return (static_cast<uint64_t>(static_cast<uint32_t>(first)) << 32) |
+           static_cast<uint32_t>(second);
   };
   PairSet& seen = thread_scratch<PairSet>();
   seen.reset();

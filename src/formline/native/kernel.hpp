@@ -336,7 +336,8 @@ class MaskKernel {
     // Only tokens over alike_to bytes to walk: where a trie of long tokens only covers them,
     // that one (a counted string's position: 320-400 µs on Llama-3 through the whole trie,
     // most of it reading the children it skips).
-    const TokenTable::LongTrie* long_trie = alike != nullptr ? table_->long_trie_for(alike_to) : nullptr;
+    const TokenTable::LongTrie* long_trie =
+        alike != nullptr ? table_->long_trie_for(alike_to) : nullptr;
     const Trie& trie = long_trie != nullptr ? long_trie->trie : table_->trie;
     if (long_trie != nullptr) {
       options.node_map = long_trie->to_full.data();

@@ -27,7 +27,8 @@ class SpinMutex {
  public:
   void lock() {
     if (inner_.try_lock()) return;
-    const auto deadline = std::chrono::steady_clock::now() + std::chrono::microseconds(kSpinMicroseconds);
+    const auto deadline =
+        std::chrono::steady_clock::now() + std::chrono::microseconds(kSpinMicroseconds);
     for (int round = 1;; ++round) {
       relax();
       if (inner_.try_lock()) return;
