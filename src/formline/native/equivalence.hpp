@@ -18,20 +18,17 @@
 
 namespace formline {
 
-// Breadth first over pairs of states from `start`, each pair once (met again deeper, it has
-// less left to show). `expand(pair, add)` calls add(first, second) for each pair one byte on
-// and returns false where the two differ. The answer: the largest d <= limit such that no
-// pair within d - 1 bytes differs; `exhausted` once no new pair is left; past `most_pairs`
-// the search stops at that depth (a smaller d, never a wrong one).
 // The pairs met, as an open-addressing set of 64-bit keys (never ~0), reused by each thread's
 // searches: a std::unordered_set allocated a node per pair, and its inserts were most of a
 // counted string position's search (73 µs of Llama-3's alike walk, perf; 3,000 inserts).
 class PairSet {
  public:
   // Empties the set, sized for 256 keys (a counted string position's search meets about
-  // 220); it doubles as it fills. Costs a fill of the 4 KB of slots.
+  // 220); it doubles as it fills, and a table grown past 64 KB by one search is given back
+  // here. Costs a fill of the 4 KB of slots.
   void reset() {
-    slots_.assign(512, kEmpty);
+    if (slots_.size() > kKeptSlots) std::vector<uint64_t>().swap(slots_);
+    slots_.assign(kInitialSlots, kEmpty);
     size_ = 0;
   }
   // Adds `key`; whether it was new. Past half full the table doubles.
@@ -51,6 +48,8 @@ class PairSet {
 
  private:
   static constexpr uint64_t kEmpty = ~uint64_t{0};
+  static constexpr size_t kInitialSlots = 512;
+  static constexpr size_t kKeptSlots = 8192;
   static size_t hash(uint64_t key) {
     key ^= key >> 29;
     key *= 0xbf58476d1ce4e5b9ull;
@@ -64,10 +63,15 @@ class PairSet {
     for (uint64_t key : old)
       if (key != kEmpty) insert(key);
   }
-  std::vector<uint64_t> slots_;
+  std::vector<uint64_t> slots_ = std::vector<uint64_t>(kInitialSlots, kEmpty);
   size_t size_ = 0;
 };
 
+// Breadth first over pairs of states from `start`, each pair once (met again deeper, it has
+// less left to show). `expand(pair, add)` calls add(first, second) for each pair one byte on
+// and returns false where the two differ. The answer: the largest d <= limit such that no
+// pair within d - 1 bytes differs; `exhausted` once no new pair is left; past `most_pairs`
+// the search stops at that depth (a smaller d, never a wrong one).
 template <typename Expand>
 int32_t pair_depth(std::pair<int32_t, int32_t> start, int32_t limit, size_t most_pairs,
                    int32_t exhausted, Expand expand) {
