@@ -333,15 +333,14 @@ class MaskKernel {
         if (table_->lengths[entry.first] <= alike_to) escapes.push_back(entry);
       options.longer_than = alike_to;
     }
-    // Only tokens over alike_to bytes to walk: where a trie of long tokens only covers them,
+    // Only tokens over alike_to bytes to walk: where the trie of long tokens holds them all,
     // that one (a counted string's position: 320-400 µs on Llama-3 through the whole trie,
     // most of it reading the children it skips).
-    const TokenTable::LongTrie* long_trie =
-        alike != nullptr ? table_->long_trie_for(alike_to) : nullptr;
-    const Trie& trie = long_trie != nullptr ? long_trie->trie : table_->trie;
-    if (long_trie != nullptr) {
-      options.node_map = long_trie->to_full.data();
-      options.node_map_threshold = long_trie->threshold;
+    const bool is_long_only = alike != nullptr && alike_to >= TokenTable::kLongTokenBytes;
+    const Trie& trie = is_long_only ? table_->long_trie : table_->trie;
+    if (is_long_only) {
+      options.node_map = table_->long_to_full.data();
+      options.node_map_threshold = TokenTable::kLongTokenBytes;
     }
     if (may_escape(state))
       status = alike ? walk<true, true>(automaton_, trie, start, inside.data(), &escapes, &options)

@@ -9,7 +9,6 @@
 #include <algorithm>
 #include <cstdint>
 #include <cstring>
-#include <iterator>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -113,30 +112,18 @@ struct TokenTable {
   // only skips every subtree of short ones.
   std::vector<uint16_t> longest_below;
   std::vector<int32_t> parent;  // parent[node] (the root's: 0)
-  // Tries of the long tokens only: for each threshold, the nodes of `trie` with a token over
-  // that many bytes at or below them, in the same depth-first order, each token at its own
-  // node, and to_full[node], the node's id in `trie` (by which the per-node tables above and
-  // the closed pieces' are indexed). A walk that needs only the tokens over some length (an
-  // alike state's walk, MaskKernel::walk_state) visits those nodes and nothing else: on
-  // Llama-3 17,629 of 275,360 for 16 bytes, where the whole trie's walk still read every
-  // child of those nodes to skip it. (A second trie, for 32 bytes with the alike search
-  // taken that deep, made a maxLength 80 string's positions 170 -> 130 µs but maxLength
-  // 40's 170 -> 260-360: the deeper search cost more than the smaller walk saved.)
-  struct LongTrie {
-    int32_t threshold = 0;
-    Trie trie;
-    std::vector<int32_t> to_full;
-  };
-  static constexpr int32_t kLongTokenBytes[1] = {16};
-  LongTrie long_tries[1];
-  // The long tokens' trie for a walk of the tokens over `longer_than` bytes: the one of the
-  // largest threshold at most that, or nullptr.
-  const LongTrie* long_trie_for(int32_t longer_than) const {
-    const LongTrie* best = nullptr;
-    for (const auto& candidate : long_tries)
-      if (candidate.threshold > 0 && candidate.threshold <= longer_than) best = &candidate;
-    return best;
-  }
+  // The trie of the tokens over kLongTokenBytes bytes only: the nodes of `trie` with such a
+  // token at or below them, in the same depth-first order, each token at its own node, and
+  // long_to_full[node], the node's id in `trie` (by which the per-node tables above and the
+  // closed pieces' are indexed). A walk that needs only those tokens (an alike state's walk,
+  // MaskKernel::walk_state) visits those nodes and nothing else: on Llama-3 17,629 of
+  // 275,360, where the whole trie's walk still read every child of those nodes to skip it.
+  // (A second trie, for 32 bytes with the alike search taken that deep, made a maxLength 80
+  // string's positions 170 -> 130 µs but maxLength 40's 170 -> 260-360: the deeper search
+  // cost more than the smaller walk saved.)
+  static constexpr int32_t kLongTokenBytes = 16;
+  Trie long_trie;
+  std::vector<int32_t> long_to_full;
   // A walk in a state of a small closed piece of the automaton (a JSON string's content and
   // its UTF-8 continuations) takes a node's whole subtree at once when no path below leaves
   // the piece: closed_below(piece)[node] has bit q set when every string below the node,
@@ -286,27 +273,27 @@ struct TokenTable {
   }
 };
 
-// One of TokenTable::long_tries from its trie and longest_below: the kept nodes are those
-// with a token over `threshold` bytes at or below them (and the root), so a kept node's kept
+// TokenTable::long_trie from its trie and longest_below: the kept nodes are those with a
+// token over kLongTokenBytes at or below them (and the root), so a kept node's kept
 // descendants follow it, and its end is the count of kept nodes before its old end. Costs two
 // passes over the trie's nodes.
-inline void build_long_trie(const TokenTable& table, int32_t threshold, TokenTable::LongTrie& out) {
+inline void build_long_trie(TokenTable& table) {
   const Trie& trie = table.trie;
+  const int32_t threshold = TokenTable::kLongTokenBytes;
   const int32_t nodes = trie.node_count();
   std::vector<int32_t> rank(static_cast<size_t>(nodes) + 1, 0);  // kept nodes before each node
   for (int32_t node = 0; node < nodes; ++node)
     rank[node + 1] = rank[node] + (node == 0 || table.longest_below[node] > threshold);
-  out.threshold = threshold;
-  Trie& kept = out.trie;
+  Trie& kept = table.long_trie;
   kept.byte.clear();
   kept.depth.clear();
   kept.end.clear();
   kept.token_begin.assign(1, 0);
   kept.tokens.clear();
-  out.to_full.clear();
+  table.long_to_full.clear();
   for (int32_t node = 0; node < nodes; ++node) {
     if (rank[node + 1] == rank[node]) continue;
-    out.to_full.push_back(node);
+    table.long_to_full.push_back(node);
     kept.byte.push_back(trie.byte[node]);
     kept.depth.push_back(trie.depth[node]);
     kept.end.push_back(rank[trie.end[node]]);
@@ -348,8 +335,7 @@ inline TokenTable* new_token_table(const uint8_t* data, int64_t data_length, con
       longest = std::max<int32_t>(longest, table->longest_below[child]);
     table->longest_below[node] = static_cast<uint16_t>(std::min(longest, 65535));
   }
-  for (size_t k = 0; k < std::size(TokenTable::kLongTokenBytes); ++k)
-    build_long_trie(*table, TokenTable::kLongTokenBytes[k], table->long_tries[k]);
+  build_long_trie(*table);
   return table;
 }
 

@@ -287,7 +287,7 @@ struct WalkOptions {
   const uint8_t* piece_known = nullptr;
   void (*check_piece)(void*, int32_t) = nullptr;
   void* context = nullptr;
-  // With LongOnly, when the walked trie is one of TokenTable::long_tries: each of its nodes'
+  // With LongOnly, when the walked trie is TokenTable::long_trie: each of its nodes'
   // id in the vocabulary's trie, by which `below`, `start_below` and `longest_below` are read.
   const int32_t* node_map = nullptr;
   int32_t node_map_threshold = 0;  // that trie's: every node has a token over it below
