@@ -23,9 +23,12 @@ jsonschema's float comparisons (:func:`exact_is_valid`).
 The text walked is :meth:`CompiledSchema.serialize` (compact JSON, the schema's property
 order) as the vocabulary's tokenizer encodes it (:class:`Tokenizer`). Every count is kept in
 :class:`Tally`; :func:`run_all` runs everything and ``Tally.summary()`` gives the figures.
-Run alone::
+The drawn examples (and the generated schemas) are read from a store
+(``soundness_examples.py``), so the counts are the same on every machine. Run alone, or
+store the examples anew (after changing a schema source, ``EXAMPLES`` or the strategy)::
 
     PYTHONPATH=src python3 tests/schema/soundness.py
+    PYTHONPATH=src python3 tests/schema/soundness.py --store-examples
 
 Known formline bugs would be listed in :data:`KNOWN_BUGS` (each with its own strict-xfail
 test in ``test_schema_soundness.py``): a counterexample they match is counted, not failed.
@@ -55,15 +58,23 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import unquote
 
+from soundness_examples import (
+    STORE_BUDGET_S,
+    ExampleStore,
+    Stored,
+    load_store,
+    schema_key,
+    write_store,
+)
+
 ROOT = Path(__file__).resolve().parents[2]
 MASKBENCH = ROOT / "tests" / "data" / "maskbench"
 
-# Budgets: they bound the default run (about a minute and a half on 2 cores). Generation
-# stops at a wall-clock budget per schema, so on a slower machine a few schemas get fewer
-# generated instances (counted as "cut short"); every other count is the same on every run.
-# At 0.6 s and 1 s, 37 schemas were cut short here and CI (generation about 1.4x slower)
-# drew 752 valid instances, under the 800 the coverage test asks for; at 1.2 s and 2 s, 12
-# are cut short, 949 are drawn here and the run takes 94 s against 82 s.
+# Budgets. The run reads its hypothesis-jsonschema examples from the store
+# (soundness_examples.py), drawn once within STORE_BUDGET_S a schema, so its counts are the
+# same on every machine: drawing live within the wall-clock budgets below made them depend
+# on the machine's speed (949 valid instances drawn here, 772 on CI). The budgets below
+# serve only a schema the store lacks, drawn live and counted as such.
 MASKBENCH_STEP = 4  # every 4th MaskBench file by sorted name: 75 of the 300
 GENERATED_SCHEMAS = 180  # drawn; about 140 distinct
 EXAMPLES = {"extraction-dev": 10, "maskbench": 4, "generated": 6}  # per schema, at most
@@ -397,9 +408,12 @@ def schema_strategy() -> Any:
     return st.one_of(schemas, schemas, schemas, referenced)
 
 
-def generated_cases(count: int = GENERATED_SCHEMAS) -> list[Case]:
-    """``count`` schemas of :func:`schema_strategy` (derandomized: the same every run)."""
-    schemas = draw_examples(schema_strategy(), count)
+def generated_cases(count: int = GENERATED_SCHEMAS, *, is_drawn: bool = False) -> list[Case]:
+    """``count`` schemas of :func:`schema_strategy`: the stored ones (the same on every
+    machine and hypothesis version), or ``is_drawn`` (derandomized) when storing anew or
+    when the store has none."""
+    stored = load_store().generated_schemas
+    schemas = stored if stored and not is_drawn else draw_examples(schema_strategy(), count)
     return [Case("generated", f"generated-{index}", s) for index, s in enumerate(schemas)]
 
 
@@ -1246,13 +1260,7 @@ class Checker:
             return
         counts["schemas compiled"] += 1
         counts[f"schemas compiled ({case.source})"] += 1
-        generated, reason = self.timed(
-            "generate",
-            generate_with_budget,
-            case.schema,
-            EXAMPLES[case.source],
-            GENERATION_BUDGET_S[case.source],
-        )
+        generated, reason = self.timed("generate", self.examples, case)
         valid, invalid = self.timed("validate", self.instances, case, generated)
         if not valid:
             counts["schemas without instances"] += 1
@@ -1264,6 +1272,16 @@ class Checker:
             self.timed("walk", self.check_valid, case, compiled, instance, origin)
         for instance, origin in invalid:
             self.timed("walk", self.check_invalid, case, compiled, classifier, instance, origin)
+
+    def examples(self, case: Case) -> tuple[list[Any], str | None]:
+        """The stored examples of ``case`` (and why drawing stopped early), or, for a schema
+        the store lacks, those drawn live within ``GENERATION_BUDGET_S`` (counted)."""
+        stored = load_store().lookup(case.schema, EXAMPLES[case.source])
+        if stored is not None:
+            return stored.examples, stored.reason
+        self.tally.counts["schemas drawn live"] += 1
+        budget = GENERATION_BUDGET_S[case.source]
+        return generate_with_budget(case.schema, EXAMPLES[case.source], budget)
 
     def instances(
         self, case: Case, generated: list[Any]
@@ -1406,8 +1424,31 @@ def default_run() -> Tally:
     return run_all(Vocabulary.from_gguf(path), tokenizer)
 
 
+def store_examples() -> ExampleStore:
+    """Draw every case's examples anew within ``STORE_BUDGET_S`` each and write the store
+    (about 2 minutes on 2 cores). Returns the store written."""
+    from importlib.metadata import version
+
+    cases = extraction_dev_cases() + maskbench_cases() + generated_cases(is_drawn=True)
+    store = ExampleStore(
+        generated_schemas=[case.schema for case in cases if case.source == "generated"],
+        generator={name: version(name) for name in ("hypothesis", "hypothesis-jsonschema")},
+    )
+    for index, case in enumerate(cases):
+        count = EXAMPLES[case.source]
+        examples, reason = generate_with_budget(case.schema, count, STORE_BUDGET_S)
+        store.entries[schema_key(case.schema, count)] = Stored(examples, reason)
+        print(f"{index + 1}/{len(cases)} {case.source}/{case.label}: {len(examples)} ({reason})")
+    write_store(store)
+    load_store.cache_clear()
+    return store
+
+
 if __name__ == "__main__":
     sys.path.insert(0, str(ROOT / "src"))
+    if "--store-examples" in sys.argv:
+        store_examples()
+        sys.exit(0)
     result = default_run()
     print(result.summary())
     if result.failures:
