@@ -4,8 +4,9 @@ A string's content state and its UTF-8 and escape states form a small closed pie
 automaton; the kernel takes a trie node's whole subtree at once when no path below leaves
 the piece (``closed_states`` counts the states that do). At every state along instances
 that stop inside strings (after ASCII, mid UTF-8 character, after a backslash), in arrays
-of strings (where the piece reaches past the quote) and in counted strings (no piece), the
-native mask must equal the Python reference bit for bit, on SmolLM2 and Qwen2.
+of strings (where the piece reaches past the quote) and in counted strings (no piece, and
+walks borrowed from alike states), the native mask must equal the Python reference bit for
+bit, on SmolLM2 and Qwen2.
 """
 
 from __future__ import annotations
@@ -102,6 +103,33 @@ def test_walks_that_borrow_from_an_alike_state_equal_brute_force(vocabulary: Voc
         matcher = matcher_at(compiled, text)
         np.testing.assert_array_equal(matcher.allowed_token_ids(), brute_force_allowed_ids(matcher))
     assert compiled.statistics.alike_walks >= 5, compiled.statistics
+
+
+TAILED_FIELDS = {
+    "type": "object",
+    "properties": {
+        "a": {"type": "string", "maxLength": 60},
+        "b": {"type": "string", "maxLength": 40},
+        "c": {"type": "string", "maxLength": 60},
+    },
+    "required": ["a", "b", "c"],
+    "additionalProperties": False,
+}
+
+
+def test_a_string_value_borrows_the_walk_of_another_propertys_string(
+    vocabulary: Vocabulary,
+) -> None:
+    # Each property's value is inlined in its own rule, so each closing quote leads to that
+    # rule's own tail state; equal_depth takes two tails as alike, so the first positions of
+    # "b" and "c" borrow from the walk of "a"'s second position (before: three full walks).
+    compiled = compile_schema(TAILED_FIELDS, vocabulary, disk_cache=False).compiled_grammar
+    borrowed = []
+    for text in ['{"a":"', '{"a":"x', '{"a":"x","b":"', '{"a":"x","b":"y","c":"']:
+        matcher = matcher_at(compiled, text)
+        np.testing.assert_array_equal(matcher.allowed_token_ids(), brute_force_allowed_ids(matcher))
+        borrowed.append(compiled.statistics.alike_walks)
+    assert borrowed == [0, 1, 2, 3], compiled.statistics
 
 
 def test_pieces_met_after_sixteen_others_still_take_subtrees_whole() -> None:

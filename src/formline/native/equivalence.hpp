@@ -104,21 +104,29 @@ int32_t pair_depth(std::pair<int32_t, int32_t> start, int32_t limit, size_t most
 }
 
 // The largest d <= limit such that every string of at most d bytes read from `a` and from `b`
-// ends the same way: both dead, both on one state (the same from there on), or both on
-// plain states (neither accepting nor calling). Then a walk from either sets the same tokens
-// of at most d bytes and records the same escapes for them. Costs 256 table reads per pair
-// (at most 2,048 pairs): a counted string's positions pair up with their UTF-8 and escape
-// states, so the kernel's limit of 16 bytes took 54-91 µs a search on Llama-3 (of a 0.3 ms
-// alike walk).
+// ends the same way: both dead, both on one state (the same from there on), both on plain
+// states (neither accepting nor calling), or both on tail states (accepting, no byte, no
+// call: the rule ends, and a walk started on the state records an escape there, whichever
+// tail it is). Then a walk from either sets the same tokens of at most d bytes and records
+// the same escapes for them. Tails matter for strings: each property's value is inlined in
+// its own rule, so its closing quote goes to that rule's own tail, and without them no
+// string value's first position was alike another's (a 1-4 ms walk each on Llama-3; the
+// first walk of MaskBench's Snowplow sp_408 had 23 of them over 1 ms, 35 ms in all, and
+// has 7, 10.5 ms, with them). Costs 256 table reads per pair (at most 2,048 pairs): a
+// counted string's positions pair up with their UTF-8 and escape states, so the kernel's
+// limit of 16 bytes took 54-91 µs a search on Llama-3 (of a 0.3 ms alike walk).
 inline int32_t equal_depth(const Automaton& automaton, int32_t a, int32_t b, int32_t limit) {
   const uint8_t* special = automaton.special;
+  const uint8_t* tail = automaton.tail;
   const auto expand = [&](std::pair<int32_t, int32_t> pair, const auto& add) {
     const int32_t* row_a = automaton.row(pair.first);
     const int32_t* row_b = automaton.row(pair.second);
     for (int byte = 0; byte < 256; ++byte) {
       const int32_t to_a = row_a[byte], to_b = row_b[byte];
       if (to_a == to_b) continue;  // both dead, or one state: alike from here
-      if (to_a < 0 || to_b < 0 || special[to_a] || special[to_b]) return false;
+      if (to_a < 0 || to_b < 0) return false;
+      if (tail[to_a] && tail[to_b]) continue;  // both end their rule: one escape
+      if (special[to_a] || special[to_b]) return false;
       add(to_a, to_b);
     }
     return true;
@@ -151,18 +159,26 @@ inline int32_t piece_depth(const Automaton& automaton, const int8_t* piece, int3
   return pair_depth({state, position}, limit, most_pairs, INT32_MAX, expand);
 }
 
-// A state's row shape: which bytes are dead, which go to which special state, which to some
-// plain state. Only states of one shape are asked for equal_depth.
-inline uint64_t row_shape(const Automaton& automaton, int32_t state) {
+// A state's row shape: which bytes are dead, which go to some tail state, which to which
+// other special state, which to some plain state. Only states of one shape are asked for
+// equal_depth (which takes any two tails as alike). 0 (no shape) for a state with fewer than
+// `fewest_live` bytes that lead anywhere.
+inline uint64_t row_shape(const Automaton& automaton, int32_t state, int fewest_live) {
   const uint8_t* special = automaton.special;
+  const uint8_t* tail = automaton.tail;
   const int32_t* row = automaton.row(state);
   uint64_t hash = 1469598103934665603ull;
+  int live = 0;
   for (int byte = 0; byte < 256; ++byte) {
     const int32_t to = row[byte];
-    const uint64_t shape = to < 0 ? 0 : special[to] ? static_cast<uint64_t>(to) + 2 : 1;
+    live += to >= 0;
+    const uint64_t shape = to < 0        ? 0
+                           : tail[to]    ? 2
+                           : special[to] ? static_cast<uint64_t>(to) + 3
+                                         : 1;
     hash = (hash ^ shape) * 1099511628211ull;
   }
-  return hash;
+  return live < fewest_live || hash == 0 ? 0 : hash;
 }
 
 }  // namespace formline
