@@ -55,19 +55,6 @@ class ExampleStore:
     def lookup(self, schema: Any, count: int) -> Stored | None:
         return self.entries.get(schema_key(schema, count))
 
-    def to_json(self) -> dict[str, Any]:
-        return {
-            "about": "valid instances drawn by hypothesis-jsonschema for"
-            " tests/schema/test_schema_soundness.py; see tests/schema/soundness_examples.py",
-            "generator": self.generator,
-            "budget_s": STORE_BUDGET_S,
-            "generated_schemas": self.generated_schemas,
-            "examples": {
-                key: {"examples": entry.examples, "reason": entry.reason}
-                for key, entry in sorted(self.entries.items())
-            },
-        }
-
 
 @cache
 def load_store() -> ExampleStore:
@@ -84,19 +71,23 @@ def load_store() -> ExampleStore:
 
 
 def write_store(store: ExampleStore) -> None:
-    """Write ``store`` as indented-free JSON, one schema's examples per line (diffable)."""
-    document = store.to_json()
-    examples = document.pop("examples")
-    schemas = document.pop("generated_schemas")
-    head = json.dumps(document, ensure_ascii=True)[:-1]
-    lines = [head + ',\n"generated_schemas": [']
-    lines += [json.dumps(s, ensure_ascii=True) + "," for s in schemas]
-    if schemas:
-        lines[-1] = lines[-1][:-1]
-    lines.append('],\n"examples": {')
-    lines += [f"{json.dumps(k)}: {json.dumps(v, ensure_ascii=True)}," for k, v in examples.items()]
-    if examples:
-        lines[-1] = lines[-1][:-1]
-    lines.append("}}")
+    """Write ``store`` as JSON with one generated schema, and one schema's examples, a line
+    (a new draw shows in a diff as the lines of the schemas it changed)."""
+    head = {
+        "about": "valid instances drawn by hypothesis-jsonschema for"
+        " tests/schema/test_schema_soundness.py; see tests/schema/soundness_examples.py",
+        "generator": store.generator,
+        "budget_s": STORE_BUDGET_S,
+    }
+    schemas = ",\n".join(
+        json.dumps(schema, ensure_ascii=True) for schema in store.generated_schemas
+    )
+    examples = ",\n".join(
+        f"{json.dumps(key)}: "
+        + json.dumps({"examples": entry.examples, "reason": entry.reason}, ensure_ascii=True)
+        for key, entry in sorted(store.entries.items())
+    )
+    text = json.dumps(head, ensure_ascii=True)[:-1]
+    text += f',\n"generated_schemas": [\n{schemas}\n],\n"examples": {{\n{examples}\n}}}}\n'
     STORE.parent.mkdir(parents=True, exist_ok=True)
-    STORE.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    STORE.write_text(text, encoding="utf-8")
