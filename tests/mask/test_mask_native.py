@@ -3,6 +3,7 @@ the batch fill, the byte-bounded caches and the disk store's eviction."""
 
 from __future__ import annotations
 
+import dataclasses
 import gc
 import threading
 
@@ -342,6 +343,74 @@ def test_the_native_batch_checks_its_arguments(smollm2_vocab) -> None:
     short = np.empty(grammar.words - 1, dtype=np.uint32)
     with pytest.raises(ValueError, match="words"):
         fill_masks([grammar.kernel], [stacks], [can_end], [short], 2)
+
+
+def test_a_batch_of_two_grammars_with_cached_new_and_ended_rows_equals_single_fills(
+    smollm2_vocab,
+) -> None:
+    # Rows of two grammars (each looked up in its own cache, and its new masks remembered
+    # there), one terminated (only a stop token), some cached by an earlier fill, the rest new.
+    grammars = {
+        "choices": Grammar.from_choices(["yes", "no", "maybe"]),
+        "counted": Grammar.from_regex("[a-z]{0,12};"),
+    }
+    compiler = GrammarCompiler(smollm2_vocab, disk_cache=False)
+    compiled = {name: compiler.compile_grammar(grammar) for name, grammar in grammars.items()}
+    texts = [
+        ("choices", ""),
+        ("counted", "ab"),
+        ("choices", "ma"),
+        ("counted", ""),
+        ("counted", "abc"),
+    ]
+    matchers = []
+    for name, text in texts:
+        matcher = GrammarMatcher(compiled[name])
+        assert matcher.accept_string(text)
+        matchers.append(matcher)
+    ended = GrammarMatcher(compiled["choices"])
+    assert ended.accept_string("no") and ended.accept_token(min(smollm2_vocab.eos_ids))
+    matchers.append(ended)
+    matchers[0].next_token_mask_words()  # cached before the batch
+    matchers[1].next_token_mask_words()
+    bitmask = allocate_token_bitmask(len(matchers), smollm2_vocab.size)
+    BatchGrammarMatcher(max_threads=2).batch_fill_next_token_bitmask(matchers, bitmask)
+    for row, (name, text) in enumerate(texts):
+        fresh = GrammarCompiler(smollm2_vocab, disk_cache=False).compile_grammar(grammars[name])
+        single = GrammarMatcher(fresh)
+        assert single.accept_string(text)
+        expected = allocate_token_bitmask(1, smollm2_vocab.size)
+        single.fill_next_token_bitmask(expected)
+        np.testing.assert_array_equal(bitmask[row], expected[0], err_msg=f"row {row}")
+    allowed = np.flatnonzero(np.unpackbits(bitmask[5].view(np.uint8), bitorder="little"))
+    assert set(allowed.tolist()) == set(smollm2_vocab.eos_ids)
+    for matcher in matchers[:5]:  # each grammar remembered its own rows' masks
+        stacks, can_end, _ = matcher.state_key()
+        assert matcher.compiled.cached_mask(stacks, can_end) is not None
+
+
+def test_a_batch_keeps_the_mask_cache_to_its_entries_oldest_out_first(smollm2_vocab) -> None:
+    compiled = GrammarCompiler(smollm2_vocab, disk_cache=False).compile_grammar(
+        Grammar.from_regex("[a-z]{0,40};")
+    )
+    small = dataclasses.replace(compiled, mask_cache_bytes=0)  # the floor: 16 masks
+    matchers = []
+    for length in range(21):  # 21 distinct configurations, one per count
+        matcher = GrammarMatcher(small)
+        assert matcher.accept_string("a" * length)
+        matchers.append(matcher)
+    batch = BatchGrammarMatcher(max_threads=2)
+    bitmask = allocate_token_bitmask(21, smollm2_vocab.size)
+    batch.batch_fill_next_token_bitmask(matchers[:20], bitmask)
+
+    def cached(row: int) -> bool:
+        stacks, can_end, _ = matchers[row].state_key()
+        return small.cached_mask(stacks, can_end) is not None
+
+    assert [cached(row) for row in range(20)] == [False] * 4 + [True] * 16
+    batch.batch_fill_next_token_bitmask([matchers[4]], bitmask)  # a hit: now the newest
+    batch.batch_fill_next_token_bitmask([matchers[20]], bitmask)  # one more out: row 5's
+    assert cached(4) and not cached(5) and cached(6) and cached(20)
 
 
 def test_batch_fill_writes_a_cpu_torch_tensor_in_place(smollm2_vocab) -> None:

@@ -21,6 +21,8 @@ from formline.mask.matcher import GrammarMatcher
 from formline.native import copy_masks, fill_masks, prepare_helpers, release_helpers
 from formline.parser.pushdown import Stack
 
+StateKey = tuple[frozenset[Stack], bool, bool]  # GrammarMatcher.state_key()
+
 
 class BatchGrammarMatcher:
     """Fills and advances many matchers per step.
@@ -58,22 +60,17 @@ class BatchGrammarMatcher:
             raise ValueError(
                 f"the bitmask's rows have {target.shape[1]} words; the vocabulary needs {needed}"
             )
+        states = [matcher.state_key() for matcher in matchers]
+        found, hits, misses = _look_up(matchers, states, grammars)
         # Cached rows are copied in one native call (a copy per row cost 1.5 µs of buffer
         # handling, more than the 16 KiB copy itself); the rest are filled natively first.
-        found: list[np.ndarray] = []
-        hits: list[int] = []
-        misses: list[int] = []
-        for position, matcher in enumerate(matchers):
-            words = matcher.cached_mask_words()
-            if words is None:
-                misses.append(position)
-            else:
-                found.append(words)
-                hits.append(position)
         if hits:
             copy_masks(found, target, rows if not misses else rows[hits])
         if misses:
-            computed = self._fill_new([matchers[k] for k in misses] if hits else matchers)
+            computed = self._fill_new(
+                [matchers[k] for k in misses] if hits else matchers,
+                [states[k] for k in misses] if hits else states,
+            )
             copy_masks(computed, target, rows if not hits else rows[misses])
         if device_tensor is not None:
             torch = sys.modules["torch"]
@@ -97,28 +94,34 @@ class BatchGrammarMatcher:
             raise ValueError(f"a row index is outside the bitmask's {available} rows")
         return rows
 
-    def _fill_new(self, matchers: Sequence[GrammarMatcher]) -> list[np.ndarray]:
+    def _fill_new(
+        self, matchers: Sequence[GrammarMatcher], states: Sequence[StateKey]
+    ) -> list[np.ndarray]:
         """The masks of rows not cached, each distinct configuration filled once (64 rows of
         the batch benchmark hold 30), then cached. Costs the new states' walks and one fill
-        per configuration, spread over the threads; under the GIL, about 2 µs a row."""
+        per configuration, spread over the threads; under the GIL, about 0.5 µs a row."""
         # Woken before the rows below are read, the helpers are running when the fill
         # reaches them (a woken thread began 80-120 µs after its wake on a 2-core VM, about
         # what 64 rows take here; see native/pool.hpp); released after it, they park.
         threads = self.max_threads if len(matchers) > 1 else 1
         prepare_helpers(threads)
         try:
-            return self._fill_configurations(matchers, threads)
+            return self._fill_configurations(matchers, states, threads)
         finally:
             release_helpers(threads)
 
+    @staticmethod
     def _fill_configurations(
-        self, matchers: Sequence[GrammarMatcher], threads: int
+        matchers: Sequence[GrammarMatcher], states: Sequence[StateKey], threads: int
     ) -> list[np.ndarray]:
+        # The copies into the bitmask stay on the calling thread, after the fill: copied on
+        # the thread that filled each mask, the 2-thread cold fill took 460-470 µs against
+        # 410 (the other core's writes to the bitmask's lines), and the next fill's copies
+        # 57 µs against 47.
         configurations: dict[tuple[int, frozenset[Stack], bool], np.ndarray] = {}
         owners: list[CompiledGrammar] = []
         per_row: list[np.ndarray] = []
-        for matcher in matchers:
-            stacks, can_end, _ = matcher.state_key()
+        for matcher, (stacks, can_end, _) in zip(matchers, states, strict=True):
             compiled = matcher.compiled
             key = (id(compiled), stacks, can_end)
             words = configurations.get(key)
@@ -127,16 +130,21 @@ class BatchGrammarMatcher:
                 owners.append(compiled)
             per_row.append(words)
         keys = list(configurations)
+        outputs = list(configurations.values())
         status = fill_masks(
             [compiled.kernel for compiled in owners],
             [key[1] for key in keys],
             [key[2] for key in keys],
-            list(configurations.values()),
+            outputs,
             threads,
         )
         owners[0].check_status(status)  # the stack limit: the one error a fill returns
-        for compiled, key in zip(owners, keys, strict=True):
-            compiled.remember_mask(key[1], key[2], configurations[key])
+        remembered: dict[int, tuple[CompiledGrammar, list]] = {}
+        for compiled, key, words in zip(owners, keys, outputs, strict=True):
+            entry = remembered.setdefault(id(compiled), (compiled, []))
+            entry[1].append((key[1], key[2], words))
+        for compiled, entries in remembered.values():
+            compiled.remember_masks(entries)
         return per_row
 
     def batch_accept_token(
@@ -165,6 +173,36 @@ def default_batch_matcher() -> BatchGrammarMatcher:
         if _default is None:
             _default = BatchGrammarMatcher()
         return _default
+
+
+def _look_up(
+    matchers: Sequence[GrammarMatcher],
+    states: Sequence[StateKey],
+    grammars: dict[int, CompiledGrammar],
+) -> tuple[list[np.ndarray], list[int], list[int]]:
+    """The cached masks of ``matchers`` (in ``states``; terminated ones: the stop-token
+    mask), the positions they are at, and the positions of the rest. One lock per grammar,
+    not one per row (64 rows: 25 µs one by one)."""
+    if len(grammars) == 1:
+        only = next(iter(grammars.values()))
+        cached = only.cached_masks([(stacks, can_end) for stacks, can_end, _ in states])
+    else:
+        cached = [
+            matcher.compiled.cached_mask(stacks, can_end)
+            for matcher, (stacks, can_end, _) in zip(matchers, states, strict=True)
+        ]
+    found: list[np.ndarray] = []
+    hits: list[int] = []
+    misses: list[int] = []
+    for position, (matcher, words, state) in enumerate(zip(matchers, cached, states, strict=True)):
+        if state[2]:  # terminated: only a stop token
+            words = matcher.compiled.eos_mask
+        if words is None:
+            misses.append(position)
+        else:
+            found.append(words)
+            hits.append(position)
+    return found, hits, misses
 
 
 def _numpy_target(bitmask: Any) -> tuple[np.ndarray, Any]:

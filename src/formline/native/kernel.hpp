@@ -108,8 +108,11 @@ class MaskKernel {
   int32_t words() const { return table_->words; }
 
   // The mask of a configuration given as [length, states...]* into `out` (words, zeroed here).
+  // The first stack's inside mask is copied, not or-ed into zeroed words: one pass over the
+  // words instead of two (4,008 on Llama-3; most configurations have one stack).
   int fill(const int32_t* flat, int32_t flat_length, bool can_end, uint32_t* out) {
-    std::fill(out, out + table_->words, 0u);
+    const int32_t words = table_->words;
+    bool written = false;
     int32_t cursor = 0;
     while (cursor < flat_length) {
       const int32_t length = flat[cursor];
@@ -120,14 +123,21 @@ class MaskKernel {
       if (status < 0) return status;
       if (data->inside) {
         const uint32_t* inside = data->inside->data();
-        for (int32_t word = 0; word < table_->words; ++word) out[word] |= inside[word];
+        if (written)
+          for (int32_t word = 0; word < words; ++word) out[word] |= inside[word];
+        else
+          std::copy(inside, inside + words, out);
+        written = true;
       }
       if (length > 1 && data->has_escapes()) {
         auto tokens = escape_tokens(stack, length, *data, status);
         if (status < 0) return status;
+        if (!written) std::fill(out, out + words, 0u);
+        written = true;
         for (int32_t token : *tokens) out[token >> 5] |= 1u << (token & 31);
       }
     }
+    if (!written) std::fill(out, out + words, 0u);
     if (can_end)
       for (int32_t token : eos_ids_) out[token >> 5] |= 1u << (token & 31);
     return owner_->failed() ? kStateLimitExceeded : 0;
