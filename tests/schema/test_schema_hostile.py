@@ -81,8 +81,8 @@ def test_a_count_too_large_is_checked_after_when_asked(smollm2_vocab: Vocabulary
 
 
 def test_the_time_budget_stops_a_slow_compile(smollm2_vocab: Vocabulary) -> None:
-    # 2,000 anyOf branches take 0.18-0.24 s to compile on an AMD EPYC (seconds before the
-    # compiled schema compiler); a 0.05 s budget stops them in the act (0.2 s no longer did).
+    # 2,000 anyOf branches take 0.18-0.24 s to compile on an AMD EPYC; a 0.05 s budget
+    # stops them in the act (0.2 s no longer did there).
     schema = {
         "anyOf": [
             {"type": "object", "properties": {f"k{i}": {"const": i}}, "required": [f"k{i}"]}

@@ -182,15 +182,20 @@ def _look_up(
 ) -> tuple[list[np.ndarray], list[int], list[int]]:
     """The cached masks of ``matchers`` (in ``states``; terminated ones: the stop-token
     mask), the positions they are at, and the positions of the rest. One lock per grammar,
-    not one per row (64 rows: 25 µs one by one)."""
-    if len(grammars) == 1:
+    not one per row (64 rows: 25 µs one by one, 6 µs so)."""
+    cached: list[np.ndarray | None]
+    if len(grammars) == 1:  # the common case, without grouping the rows
         only = next(iter(grammars.values()))
         cached = only.cached_masks([(stacks, can_end) for stacks, can_end, _ in states])
     else:
-        cached = [
-            matcher.compiled.cached_mask(stacks, can_end)
-            for matcher, (stacks, can_end, _) in zip(matchers, states, strict=True)
-        ]
+        cached = [None] * len(matchers)
+        rows_of: dict[int, list[int]] = {}
+        for position, matcher in enumerate(matchers):
+            rows_of.setdefault(id(matcher.compiled), []).append(position)
+        for grammar, positions in rows_of.items():
+            looked_up = grammars[grammar].cached_masks([states[k][:2] for k in positions])
+            for position, words in zip(positions, looked_up, strict=True):
+                cached[position] = words
     found: list[np.ndarray] = []
     hits: list[int] = []
     misses: list[int] = []

@@ -228,8 +228,8 @@ class MaskKernel {
           // A mate of one row shape helps only if the two agree for kAlikeMinimum bytes:
           // string fields whose closing quote does not end their rule share a shape and part
           // after it (3 bytes), and deferring to them put a 64-row batch's five 0.35 ms
-          // string walks on one thread (1.13x on two). The check, outside the lock, stops at the first
-          // difference: a few rows read.
+          // string walks on one thread (1.13x on two). The check, outside the lock, stops at
+          // the first difference: a few rows read.
           const std::vector<int32_t> mates = walking_shapes_[shape];
           guard.unlock();
           const bool helps = is_alike_to_any(state, mates);
