@@ -11,6 +11,7 @@ from pydantic import BaseModel, Field
 
 from formline.automata.nfa import AutomatonLimitError
 from formline.grammar import Grammar
+from formline.grammar.ir import expanded_size
 from formline.mask.compiler import CompileCache
 from formline.mask.reference import brute_force_allowed_ids
 from formline.parser.pushdown import build_pushdown, build_pushdown_reference
@@ -142,6 +143,38 @@ def test_many_optional_properties_leave_few_stacks_after_a_value(
     assert matcher.accept_string(',"field117":5}')
     monkeypatch.setattr(objects, "MEMBER_CHUNK", 1)  # every shared state a rule: as before
     assert stacks_after_a_value()[0] >= 100
+
+
+def test_equal_big_string_values_share_one_called_rule(smollm2_vocab: Any) -> None:
+    # Github_ultra o41081's shape: a uri at many properties was one inlined copy each.
+    schema = {
+        "type": "object",
+        "properties": {
+            "home": {"type": "string", "format": "uri"},
+            "docs": {"type": "string", "format": "uri"},
+            "mail": {"type": "string", "format": "email"},
+            "site": {"type": "string", "format": "uri"},
+            "backup": {"type": "string", "format": "email"},
+            "note": {"type": "string", "maxLength": 8},
+            "tag": {"type": "string", "maxLength": 2},
+        },
+        "additionalProperties": False,
+    }
+    grammar, _ = schema_to_grammar(schema)
+    strings = [grammar.rules[name] for name in grammar.called_rules if name.startswith("string")]
+    # The uri and the email, met again; not the note (met once) nor the tag (small).
+    assert len(strings) == 2, grammar.called_rules
+    assert {expanded_size(rule) for rule in strings} == {715, 856}
+    accepts = language(schema)
+    assert accepts({"home": "https://a.org/x", "mail": "a@b.org", "site": "ftp://c.net"})
+    assert accepts({"backup": "c@d.org", "note": "12345678"}) and not accepts({"note": "123456789"})
+    assert not accepts({"home": "not a uri"}) and not accepts({"site": "a b"})
+    assert not accepts({"mail": "https://a.org"}) and not accepts({"tag": "abc"})
+    compiled = compile_schema(schema, smollm2_vocab, disk_cache=False, cache=CompileCache())
+    for text in ('{"home":"https://a.org","docs":"htt', '{"site":"https://a.org/x'):
+        matcher = compiled.matcher()
+        assert matcher.accept_string(text)
+        np.testing.assert_array_equal(matcher.allowed_token_ids(), brute_force_allowed_ids(matcher))
 
 
 def test_many_large_optional_members_stay_under_the_nfa_estimate(

@@ -45,6 +45,11 @@ INLINE_ITEM_NODES = 40
 LARGE_INTEGER_FLOAT = r"[1-9](\.[0-9]{1,16})?e\+(1[6-9]|[2-9][0-9]|[12][0-9][0-9]|30[0-8])"
 # An unbounded repetition writes its item twice; past this many IR nodes it is called.
 INLINE_REPEATED_NODES = 1_000
+# A string value whose automaton is estimated at more than this many NFA states (a uri is
+# 715, an email 856, a string of at most 8 characters 402) is written once inline and, at
+# every further place, as a call of one shared rule: Github_ultra o41081's twelve uri
+# properties were 14,300 of its 44,723 NFA states, each copy built, trimmed and walked apart.
+SHARED_STRING_SIZE = 200
 # A counted repetition (minItems, maxItems, minProperties, maxProperties) is unrolled into
 # one automaton: past this many IR nodes it would be at least that many states per copy.
 MAX_UNROLLED_NODES = 20_000
@@ -259,7 +264,10 @@ def string_value(compiler: SchemaCompiler, schema: Schema, pointer: str) -> Node
     if body is not None:  # a regex: minimised as one piece (see ir.Minimized)
         body = minimized(body)
     body = _length_body(compiler, schema, pointer, body)
-    return text.string(body)
+    node = text.string(body)
+    if expanded_size(node) <= SHARED_STRING_SIZE:
+        return node
+    return compiler.shared_string(node)
 
 
 def _length_body(compiler: SchemaCompiler, schema: Schema, pointer: str, body: Node | None) -> Node:
