@@ -118,62 +118,125 @@ struct ItemCaches {
 inline int build_thompson(const FlatGrammar& grammar, int32_t root, int64_t state_limit,
                           double seconds, ThompsonNfa& nfa, ItemCaches& caches);
 
-// The names' trie: children sorted by byte, `is_end` where a name ends. From sorted names
-// a node's children arrive in byte order, and a name shares its predecessor's path as far as
-// it shares its bytes, so one comparison with the last child per byte. minimized() merges
-// the nodes with equal subtrees (a DAWG: "North East England" and "South East England" share
-// " England"): the lazy DFA has no minimisation, and a trie's equal suffixes were distinct
-// states each walked on its own (o21108 of the MaskBench sample: 1.6 times the walks).
+// The names' trie: children sorted by byte, `is_end` where a name ends, the children of a
+// node in [child_begin[node], child_begin[node + 1]) of child_byte / child_node. From sorted
+// names a node's children arrive in byte order, and a name shares its predecessor's path as
+// far as it shares its bytes, so one comparison with the node's last child per byte.
+// minimized() merges the nodes with equal subtrees (a DAWG: "North East England" and "South
+// East England" share " England"): the lazy DFA has no minimisation, and a trie's equal
+// suffixes were distinct states each walked on its own (o21108 of the MaskBench sample: 1.6
+// times the walks). Flat arrays and an open-addressing index of subtrees: a vector of
+// children per node and a hash map of vector keys made two to four allocations a node, and
+// every open object's key pattern and every enum builds one of these.
 struct NameTrie {
-  std::vector<std::vector<std::pair<uint8_t, int32_t>>> children{1};
+  std::vector<int32_t> child_begin{0, 0};  // nodes + 1 entries
+  std::vector<uint8_t> child_byte;
+  std::vector<int32_t> child_node;
   std::vector<uint8_t> is_end{0};
   int32_t root = 0;
 
+  int32_t size() const { return static_cast<int32_t>(is_end.size()); }
+
   // The same strings, equal subtrees once. Children come after parents in a trie built by
-  // insert, so one pass from the last node up numbers every subtree by its signature.
+  // NameTrieBuilder, so one pass from the last node up numbers every subtree by its
+  // signature (is_end, then each child's byte and number), and a merged node's children
+  // are numbered before it.
   NameTrie minimized() const {
-    const int32_t count = static_cast<int32_t>(is_end.size());
+    const int32_t count = size();
     std::vector<int32_t> merged(count);
-    std::unordered_map<std::vector<int32_t>, int32_t, VectorHash> known;
     NameTrie out;
-    out.children.clear();
+    out.child_begin.assign(1, 0);
     out.is_end.clear();
-    std::vector<int32_t> key;
+    size_t slots = 16;
+    while (slots < 2 * static_cast<size_t>(count)) slots <<= 1;
+    std::vector<int32_t> index(slots, -1);  // out nodes by their signature's hash
     for (int32_t node = count - 1; node >= 0; --node) {
-      key.assign(1, is_end[node]);
-      for (const auto& [byte, child] : children[node]) key.push_back(byte), key.push_back(merged[child]);
-      auto found = known.find(key);
-      if (found != known.end()) {
-        merged[node] = found->second;
-        continue;
+      const int32_t first = child_begin[node], last = child_begin[node + 1];
+      uint64_t hash = 1469598103934665603ull ^ is_end[node];
+      for (int32_t k = first; k < last; ++k) {
+        hash = (hash ^ child_byte[k]) * 1099511628211ull;
+        hash = (hash ^ static_cast<uint32_t>(merged[child_node[k]])) * 1099511628211ull;
       }
-      const int32_t id = static_cast<int32_t>(out.is_end.size());
-      out.is_end.push_back(is_end[node]);
-      out.children.emplace_back();
-      for (const auto& [byte, child] : children[node]) out.children.back().emplace_back(byte, merged[child]);
-      known.emplace(key, id);
-      merged[node] = id;
+      size_t slot = static_cast<size_t>(hash ^ (hash >> 29)) & (slots - 1);
+      int32_t found = -1;
+      for (; index[slot] >= 0; slot = (slot + 1) & (slots - 1)) {
+        const int32_t candidate = index[slot];
+        const int32_t begin = out.child_begin[candidate];
+        if (out.is_end[candidate] != is_end[node] ||
+            out.child_begin[candidate + 1] - begin != last - first)
+          continue;
+        bool same = true;
+        for (int32_t k = 0; same && k < last - first; ++k)
+          same = out.child_byte[begin + k] == child_byte[first + k] &&
+                 out.child_node[begin + k] == merged[child_node[first + k]];
+        if (same) {
+          found = candidate;
+          break;
+        }
+      }
+      if (found < 0) {
+        found = out.size();
+        out.is_end.push_back(is_end[node]);
+        for (int32_t k = first; k < last; ++k) {
+          out.child_byte.push_back(child_byte[k]);
+          out.child_node.push_back(merged[child_node[k]]);
+        }
+        out.child_begin.push_back(static_cast<int32_t>(out.child_node.size()));
+        index[slot] = found;
+      }
+      merged[node] = found;
     }
     out.root = merged[0];
     return out;
   }
+};
 
+// Builds a NameTrie from names given in byte order (each name once).
+class NameTrieBuilder {
+ public:
   void insert(const uint8_t* data, int32_t length) {
     int32_t node = 0;
     for (int32_t k = 0; k < length; ++k) {
-      auto& below = children[node];
-      if (!below.empty() && below.back().first == data[k]) {
-        node = below.back().second;
+      const int32_t last = last_child_[node];
+      if (last >= 0 && byte_[last] == data[k]) {
+        node = last;
         continue;
       }
-      const int32_t child = static_cast<int32_t>(is_end.size());
-      below.emplace_back(data[k], child);
-      children.emplace_back();
-      is_end.push_back(0);
+      const int32_t child = static_cast<int32_t>(parent_.size());
+      parent_.push_back(node);
+      byte_.push_back(data[k]);
+      is_end_.push_back(0);
+      last_child_.push_back(-1);
+      last_child_[node] = child;
       node = child;
     }
-    is_end[node] = 1;
+    is_end_[node] = 1;
   }
+
+  // The trie as CSR: each node's children in the order they were made, which is byte order.
+  NameTrie finish() const {
+    const int32_t count = static_cast<int32_t>(parent_.size());
+    NameTrie trie;
+    trie.is_end = is_end_;
+    trie.child_begin.assign(static_cast<size_t>(count) + 1, 0);
+    for (int32_t node = 1; node < count; ++node) ++trie.child_begin[parent_[node] + 1];
+    for (int32_t node = 0; node < count; ++node) trie.child_begin[node + 1] += trie.child_begin[node];
+    trie.child_byte.resize(count > 0 ? count - 1 : 0);
+    trie.child_node.resize(count > 0 ? count - 1 : 0);
+    std::vector<int32_t> cursor(trie.child_begin.begin(), trie.child_begin.end() - 1);
+    for (int32_t node = 1; node < count; ++node) {
+      const int32_t at = cursor[parent_[node]]++;
+      trie.child_byte[at] = byte_[node];
+      trie.child_node[at] = node;
+    }
+    return trie;
+  }
+
+ private:
+  std::vector<int32_t> parent_{-1};
+  std::vector<uint8_t> byte_{0};
+  std::vector<uint8_t> is_end_{0};
+  std::vector<int32_t> last_child_{-1};
 };
 
 // Paths start -> end spelling the strings of an Except node (kind 6): its item's DFA read in
@@ -198,50 +261,63 @@ int build_except(const FlatGrammar& grammar, int32_t node, int32_t start, int32_
     known = dfas.emplace(grammar.a[node], std::move(dfa)).first;
   }
   const DeterminizeResult& dfa = known->second;
-  NameTrie names;
+  NameTrieBuilder names;
   for (int32_t k = grammar.b[node]; k < grammar.c[node]; k += 2)
     names.insert(grammar.bytes + grammar.children[k], grammar.children[k + 1] - grammar.children[k]);
-  const NameTrie trie = names.minimized();
+  const NameTrie trie = names.finish().minimized();
   std::vector<int32_t> class_low(dfa.class_count, 256), class_high(dfa.class_count, -1);
   for (int32_t byte = 0; byte < 256; ++byte) {
     const int32_t c = dfa.classes[byte];
     class_low[c] = std::min(class_low[c], byte);
     class_high[c] = std::max(class_high[c], byte);
   }
-  // A pair's key: DFA state and trie node + 1 (0: the trie was left).
-  std::unordered_map<uint64_t, int32_t> state_of;
-  std::vector<std::pair<int32_t, int32_t>> pending{{0, trie.root}};
-  state_of.emplace(static_cast<uint32_t>(trie.root + 1), start);
+  // A pair's NFA state, by trie node for the first DFA state met there (a trie node's path
+  // is one string, so one DFA state, unless the DAWG merged paths that the DFA tells apart:
+  // those go to `others`), by DFA state once the trie is left. A hash map of every pair
+  // made an allocation per pair.
+  std::vector<int32_t> node_dfa(trie.size(), -1), node_state(trie.size(), -1);
+  std::vector<int32_t> left_state(dfa.states, -1);
+  std::unordered_map<uint64_t, int32_t> others;
+  struct Pending {
+    int32_t q, t, state;
+  };
+  std::vector<Pending> pending{{0, trie.root, start}};
+  node_dfa[trie.root] = 0;
+  node_state[trie.root] = start;
   auto pair_state = [&](int32_t q, int32_t t) {
-    const uint64_t key = (static_cast<uint64_t>(q) << 32) | static_cast<uint32_t>(t + 1);
-    auto found = state_of.find(key);
-    if (found != state_of.end()) return found->second;
-    const int32_t state = new_state();
-    state_of.emplace(key, state);
-    pending.emplace_back(q, t);
-    return state;
+    int32_t* slot;
+    if (t < 0) {
+      slot = &left_state[q];
+    } else if (node_dfa[t] < 0 || node_dfa[t] == q) {
+      node_dfa[t] = q;
+      slot = &node_state[t];
+    } else {
+      slot = &others.try_emplace((static_cast<uint64_t>(q) << 32) | static_cast<uint32_t>(t), -1)
+                  .first->second;
+    }
+    if (*slot < 0) {
+      *slot = new_state();
+      pending.push_back({q, t, *slot});
+    }
+    return *slot;
   };
   while (!pending.empty()) {
-    const auto [q, t] = pending.back();
+    const auto [q, t, source] = pending.back();
     pending.pop_back();
-    const uint64_t key = (static_cast<uint64_t>(q) << 32) | static_cast<uint32_t>(t + 1);
-    const int32_t source = state_of[key];
     if (dfa.accepting[q] && (t < 0 || !trie.is_end[t])) nfa.epsilon_edges.emplace_back(source, end);
-    const auto* below = t >= 0 ? &trie.children[t] : nullptr;
-    size_t child = 0;
+    int32_t child = t >= 0 ? trie.child_begin[t] : 0;
+    const int32_t children_end = t >= 0 ? trie.child_begin[t + 1] : 0;
     for (int32_t c = 0; c < dfa.class_count; ++c) {
       const int32_t next = dfa.rows[static_cast<size_t>(q) * dfa.class_count + c];
       if (next < 0) continue;
       int32_t cursor = class_low[c];
       const int32_t high = class_high[c];
-      if (below != nullptr) {
-        while (child < below->size() && (*below)[child].first < cursor) ++child;
-        for (; child < below->size() && (*below)[child].first <= high; ++child) {
-          const int32_t byte = (*below)[child].first;
-          if (cursor < byte) nfa.byte_edges.push_back({source, cursor, byte - 1, pair_state(next, -1)});
-          nfa.byte_edges.push_back({source, byte, byte, pair_state(next, (*below)[child].second)});
-          cursor = byte + 1;
-        }
+      while (child < children_end && trie.child_byte[child] < cursor) ++child;
+      for (; child < children_end && trie.child_byte[child] <= high; ++child) {
+        const int32_t byte = trie.child_byte[child];
+        if (cursor < byte) nfa.byte_edges.push_back({source, cursor, byte - 1, pair_state(next, -1)});
+        nfa.byte_edges.push_back({source, byte, byte, pair_state(next, trie.child_node[child])});
+        cursor = byte + 1;
       }
       if (cursor <= high) nfa.byte_edges.push_back({source, cursor, high, pair_state(next, -1)});
     }
@@ -434,19 +510,20 @@ void build_literal_choice(const FlatGrammar& grammar, int32_t a, int32_t b, int3
     return compared != 0 ? compared < 0 : x.second < y.second;
   };
   std::sort(literals.begin(), literals.end(), less);
-  NameTrie trie;
+  NameTrieBuilder trie;
   for (const auto& [data, length] : literals) trie.insert(data, length);
-  const NameTrie dawg = trie.minimized();
-  std::vector<int32_t> state_of(dawg.is_end.size(), -1);
+  const NameTrie dawg = trie.finish().minimized();
+  std::vector<int32_t> state_of(dawg.size(), -1);
   state_of[dawg.root] = start;
   std::vector<int32_t> pending{dawg.root};
   while (!pending.empty()) {
     const int32_t node = pending.back();
     pending.pop_back();
     if (dawg.is_end[node]) nfa.epsilon_edges.emplace_back(state_of[node], end);
-    for (const auto& [byte, child] : dawg.children[node]) {
+    for (int32_t k = dawg.child_begin[node]; k < dawg.child_begin[node + 1]; ++k) {
+      const int32_t child = dawg.child_node[k];
       if (state_of[child] < 0) state_of[child] = new_state(), pending.push_back(child);
-      nfa.byte_edges.push_back({state_of[node], byte, byte, state_of[child]});
+      nfa.byte_edges.push_back({state_of[node], dawg.child_byte[k], dawg.child_byte[k], state_of[child]});
     }
   }
 }
