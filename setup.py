@@ -35,6 +35,7 @@ KERNEL_HEADERS = (
     "thompson.hpp",
     "trie.hpp",
     "equivalence.hpp",
+    "flat_index.hpp",
     "walk.hpp",
     "spin_mutex.hpp",
 )

@@ -173,6 +173,15 @@ cdef extern from "thompson.hpp" namespace "formline" nogil:
 
 
 
+cdef extern from "flat_index.hpp" namespace "formline" nogil:
+    cdef cppclass AddressIndex:
+        int32_t find(const void* address)
+        void insert(const void* address, int32_t value) except +
+    cdef cppclass BytesIndex:
+        int32_t find(const char* data, size_t length)
+        void insert(const char* data, size_t length, int32_t value) except +
+
+
 cdef extern from "lazy_build.hpp" namespace "formline" nogil:
     cdef cppclass LazyBuildResult:
         shared_ptr[LazyAutomaton] automaton
@@ -549,9 +558,10 @@ def flatten_rules(list roots, dict rule_number, tuple classes):
     roots keep every node alive for the call) and by the value as bytes (the kind, then the
     fields, children by number), not by Python tuples of ``id()`` integers. With those, a node
     object cost 0.5 µs (MaskBench's largest grammars, 2,000-3,600 objects: 1-2 ms of their time
-    to first mask); now about 0.15."""
-    cdef unordered_map[NodeAddress, int32_t] numbers  # a node object -> its number
-    cdef unordered_map[string, int32_t] by_value  # a node's value as bytes -> its number
+    to first mask); 0.15 with std::unordered_map, less with open addressing
+    (``flat_index.hpp``)."""
+    cdef AddressIndex numbers  # a node object -> its number
+    cdef BytesIndex by_value  # a node's value as bytes -> its number
     cdef vector[NodeAddress] pending  # borrowed: every node lives in the roots' trees
     cdef vector[cpp_bool] expanded  # pending's: its children are numbered already
     cdef vector[int8_t] kind
@@ -562,7 +572,6 @@ def flatten_rules(list roots, dict rule_number, tuple classes):
     cdef PyObject* address
     cdef cpp_bool is_expanded
     cdef int32_t number, item, minimum, maximum, low, high
-    cdef unordered_map[string, int32_t].iterator found
     byte_set, literal, sequence, choice, repeat, reference, exception, minimized = classes
     for root in roots:
         pending.push_back(<PyObject*>root)
@@ -572,7 +581,7 @@ def flatten_rules(list roots, dict rule_number, tuple classes):
             is_expanded = expanded.back()
             pending.pop_back()
             expanded.pop_back()
-            if numbers.count(address):
+            if numbers.find(address) >= 0:
                 continue
             node = <object>address
             node_type = type(node)
@@ -583,7 +592,7 @@ def flatten_rules(list roots, dict rule_number, tuple classes):
                         pending.push_back(address)
                         expanded.push_back(True)
                         for child in below:
-                            if not numbers.count(<PyObject*>child):
+                            if numbers.find(<PyObject*>child) < 0:
                                 pending.push_back(<PyObject*>child)
                                 expanded.push_back(False)
                         continue
@@ -591,7 +600,7 @@ def flatten_rules(list roots, dict rule_number, tuple classes):
                     pending.push_back(address)
                     expanded.push_back(True)
                     child = node.item
-                    if not numbers.count(<PyObject*>child):
+                    if numbers.find(<PyObject*>child) < 0:
                         pending.push_back(<PyObject*>child)
                         expanded.push_back(False)
                     continue
@@ -607,13 +616,13 @@ def flatten_rules(list roots, dict rule_number, tuple classes):
             elif node_type is sequence or node_type is choice:
                 key.push_back(2 if node_type is sequence else 3)
                 for child in (node.items if node_type is sequence else node.options):
-                    _append_int32(key, numbers[<PyObject*>child])
+                    _append_int32(key, numbers.find(<PyObject*>child))
             elif node_type is repeat:
                 minimum = node.minimum
                 maximum = -1 if node.maximum is None else node.maximum
                 child = node.item
                 key.push_back(4)
-                _append_int32(key, numbers[<PyObject*>child])
+                _append_int32(key, numbers.find(<PyObject*>child))
                 _append_int32(key, minimum)
                 _append_int32(key, maximum)
             elif node_type is reference:
@@ -622,25 +631,25 @@ def flatten_rules(list roots, dict rule_number, tuple classes):
             elif node_type is exception:
                 child = node.item
                 key.push_back(6)
-                _append_int32(key, numbers[<PyObject*>child])
+                _append_int32(key, numbers.find(<PyObject*>child))
                 for value in node.excluded:  # each one's length first: the key reads back
                     _append_int32(key, len(value))
                     _append_bytes(key, value)
             elif node_type is minimized:
                 child = node.item
                 key.push_back(7)
-                _append_int32(key, numbers[<PyObject*>child])
+                _append_int32(key, numbers.find(<PyObject*>child))
             else:
                 raise TypeError(f"unknown grammar node {node_type.__name__}")
-            found = by_value.find(key)
-            if found != by_value.end():
-                numbers[address] = dereference(found).second
+            number = by_value.find(key.data(), key.size())
+            if number >= 0:
+                numbers.insert(address, number)
                 continue
             number = kind.size()
-            numbers[address] = number
-            by_value[key] = number
+            numbers.insert(address, number)
+            by_value.insert(key.data(), key.size(), number)
             _push_flat_node(key, node, kind, a, b, c, children, data, ranges)
-        root_numbers.append(numbers[<PyObject*>root])
+        root_numbers.append(numbers.find(<PyObject*>root))
     return (
         PyBytes_FromStringAndSize(<char*>kind.data(), kind.size()),
         _int32_bytes(a),
