@@ -37,9 +37,11 @@ def accepts_under(schema: Any) -> Any:
         ({"$defs": {"a": {"$anchor": "item"}}}, True),
         ({"$anchor": "root"}, True),
         ({"$id": "#root"}, True),  # draft 7's plain-name fragment: an anchor
-        ({"definitions": {"a": {"id": "item.json"}}}, True),  # draft 4
+        # Draft 4's "id": referencing indexes it under neither draft 7 nor 2020-12.
+        ({"definitions": {"a": {"id": "item.json"}}}, False),
+        ({"definitions": {"a": {"id": "#/definitions/a"}}}, False),
         ({"anyOf": [{"$dynamicAnchor": "node"}]}, True),
-        ({"const": {"id": "x"}}, True),  # not an identifier, but only costs the crawl
+        ({"const": {"$id": "x"}}, True),  # not an identifier, but only costs the crawl
     ],
 )
 def test_only_schemas_with_identifiers_are_crawled(schema: Any, expected: bool) -> None:
