@@ -130,7 +130,8 @@ def main() -> None:
     print("| band | " + " | ".join(STAGES) + " | total | states |")
     print("|---" * (len(STAGES) + 3) + "|")
     for label, low, high in BANDS:
-        chosen = rows[int(low * len(rows)) : max(int(high * len(rows)), 1)]
+        first = min(int(low * len(rows)), len(rows) - 1)  # one row at least: a small --data
+        chosen = rows[first : max(int(high * len(rows)), first + 1)]
         means = [1e3 * sum(row[stage] for row in chosen) / len(chosen) for stage in STAGES]
         total = 1e3 * sum(row["total"] for row in chosen) / len(chosen)
         states = sum(row["states"] for row in chosen) / len(chosen)
