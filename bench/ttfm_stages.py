@@ -125,6 +125,8 @@ def main() -> None:
             pass  # declined schemas: bench.maskbench counts them
         finally:
             gc.enable()
+    if not rows:
+        raise SystemExit(f"no schema of {options.data} compiled")
     rows.sort(key=lambda row: row["total"])
     print(f"{len(rows)} schemas compiled; mean ms per stage (states: automaton size)")
     print("| band | " + " | ".join(STAGES) + " | total | states |")

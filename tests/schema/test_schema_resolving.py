@@ -20,6 +20,7 @@ from formline.schema.compiler import SchemaCompiler, SchemaOptions
 from formline.schema.resolving import has_identifiers, pointer_target, resolver_of
 
 MASKBENCH = Path(__file__).resolve().parents[1] / "data" / "maskbench"
+DRAFT4 = "http://json-schema.org/draft-04/schema#"
 
 
 def accepts_under(schema: Any) -> Any:
@@ -37,15 +38,42 @@ def accepts_under(schema: Any) -> Any:
         ({"$defs": {"a": {"$anchor": "item"}}}, True),
         ({"$anchor": "root"}, True),
         ({"$id": "#root"}, True),  # draft 7's plain-name fragment: an anchor
-        # Draft 4's "id": referencing indexes it under neither draft 7 nor 2020-12.
+        # Draft 4's "id" names a resource only under a draft 3 or 4 "$schema".
         ({"definitions": {"a": {"id": "item.json"}}}, False),
         ({"definitions": {"a": {"id": "#/definitions/a"}}}, False),
+        ({"$schema": DRAFT4, "definitions": {"a": {"id": "item.json"}}}, True),
+        ({"$schema": DRAFT4, "id": "http://example.com/root.json"}, False),
+        ({"definitions": {"a": {"$schema": DRAFT4, "id": "item.json"}}}, True),
         ({"anyOf": [{"$dynamicAnchor": "node"}]}, True),
         ({"const": {"$id": "x"}}, True),  # not an identifier, but only costs the crawl
     ],
 )
 def test_only_schemas_with_identifiers_are_crawled(schema: Any, expected: bool) -> None:
     assert has_identifiers(schema) is expected
+
+
+def test_a_draft_4_id_sets_the_base_of_the_references_below_it() -> None:
+    # Under draft 4, "#/definitions/b" inside the resource "a.json" is a.json's own "b" (a
+    # string); read in the root it would be the root's (an integer). Without a "$schema",
+    # the schema is read as 2020-12, where "id" names nothing: the root's "b".
+    def schema(dialect: dict[str, str]) -> dict[str, Any]:
+        return {
+            **dialect,
+            "properties": {"x": {"$ref": "#/definitions/a"}},
+            "definitions": {
+                "b": {"type": "integer"},
+                "a": {
+                    "id": "http://example.com/a.json",
+                    "properties": {"y": {"$ref": "#/definitions/b"}},
+                    "definitions": {"b": {"type": "string"}},
+                },
+            },
+        }
+
+    draft4 = accepts_under(schema({"$schema": DRAFT4}))
+    assert draft4({"x": {"y": "text"}}) and not draft4({"x": {"y": 1}})
+    unversioned = accepts_under(schema({}))
+    assert unversioned({"x": {"y": 1}}) and not unversioned({"x": {"y": "text"}})
 
 
 def test_references_resolve_with_and_without_the_crawl() -> None:

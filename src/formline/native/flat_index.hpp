@@ -37,9 +37,9 @@ class AddressIndex {
  private:
   static constexpr size_t kInitialSlots = 1024;
 
+  // Fibonacci hashing: the product's top bits, which every bit of the address reaches.
   size_t slot_of(uintptr_t key) const {
-    uint64_t hash = static_cast<uint64_t>(key) * 0x9E3779B97F4A7C15ull;  // Fibonacci hashing
-    return static_cast<size_t>(hash >> 20) & (keys_.size() - 1);
+    return static_cast<size_t>((static_cast<uint64_t>(key) * 0x9E3779B97F4A7C15ull) >> shift_);
   }
 
   void place(uintptr_t key, int32_t value) {
@@ -55,6 +55,7 @@ class AddressIndex {
     std::vector<int32_t> values(keys.size(), -1);
     keys.swap(keys_);
     values.swap(values_);
+    --shift_;
     count_ = 0;
     for (size_t k = 0; k < keys.size(); ++k)
       if (keys[k] != 0) place(keys[k], values[k]);
@@ -63,6 +64,8 @@ class AddressIndex {
   std::vector<uintptr_t> keys_;
   std::vector<int32_t> values_;
   size_t count_ = 0;
+  int shift_ = 54;  // 64 - log2(slots)
+  static_assert(kInitialSlots == 1024, "shift_ starts at 64 - log2(kInitialSlots)");
 };
 
 // Byte strings -> int32 numbers (absent: -1); the strings live in one pool.
