@@ -215,11 +215,7 @@ class CompiledGrammar:
     def remember_mask(self, stacks: frozenset[Stack], can_end: bool, words: np.ndarray) -> None:
         """Cache ``words`` (made read-only here) as the configuration's mask; the oldest entry
         goes when the cache is over its bytes."""
-        words.setflags(write=False)
-        with self._lock:
-            self._mask_cache[(stacks, can_end)] = words
-            if len(self._mask_cache) > self._mask_cache_entries:
-                self._mask_cache.popitem(last=False)
+        self.remember_masks(((stacks, can_end, words),))
 
     def remember_masks(self, entries: Sequence[tuple[frozenset[Stack], bool, np.ndarray]]) -> None:
         """:meth:`remember_mask` for each ``(stacks, can_end, words)``, under one lock (a batch's

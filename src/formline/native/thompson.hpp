@@ -16,6 +16,7 @@
 #include <unordered_map>
 #include <vector>
 
+#include "automaton.hpp"
 #include "dfa.hpp"
 
 namespace formline {
@@ -125,9 +126,9 @@ inline int build_thompson(const FlatGrammar& grammar, int32_t root, int64_t stat
 // minimized() merges the nodes with equal subtrees (a DAWG: "North East England" and "South
 // East England" share " England"): the lazy DFA has no minimisation, and a trie's equal
 // suffixes were distinct states each walked on its own (o21108 of the MaskBench sample: 1.6
-// times the walks). Flat arrays and an open-addressing index of subtrees: a vector of
-// children per node and a hash map of vector keys made two to four allocations a node, and
-// every open object's key pattern and every enum builds one of these.
+// times the walks). Flat arrays, and equal subtrees found in automaton.hpp's KeyIndex: a
+// vector of children per node and a hash map of vector keys made two to four allocations a
+// node, and every open object's key pattern and every enum builds one of these.
 struct NameTrie {
   std::vector<int32_t> child_begin{0, 0};  // nodes + 1 entries
   std::vector<uint8_t> child_byte;
@@ -143,38 +144,19 @@ struct NameTrie {
   // are numbered before it.
   NameTrie minimized() const {
     const int32_t count = size();
-    std::vector<int32_t> merged(count);
+    std::vector<int32_t> merged(count), key;
     NameTrie out;
     out.child_begin.assign(1, 0);
     out.is_end.clear();
-    size_t slots = 16;
-    while (slots < 2 * static_cast<size_t>(count)) slots <<= 1;
-    std::vector<int32_t> index(slots, -1);  // out nodes by their signature's hash
+    KeyIndex index;  // out nodes by signature (automaton.hpp's index of int sequences)
     for (int32_t node = count - 1; node >= 0; --node) {
       const int32_t first = child_begin[node], last = child_begin[node + 1];
-      uint64_t hash = 1469598103934665603ull ^ is_end[node];
-      for (int32_t k = first; k < last; ++k) {
-        hash = (hash ^ child_byte[k]) * 1099511628211ull;
-        hash = (hash ^ static_cast<uint32_t>(merged[child_node[k]])) * 1099511628211ull;
-      }
-      size_t slot = static_cast<size_t>(hash ^ (hash >> 29)) & (slots - 1);
-      int32_t found = -1;
-      for (; index[slot] >= 0; slot = (slot + 1) & (slots - 1)) {
-        const int32_t candidate = index[slot];
-        const int32_t begin = out.child_begin[candidate];
-        if (out.is_end[candidate] != is_end[node] ||
-            out.child_begin[candidate + 1] - begin != last - first)
-          continue;
-        bool same = true;
-        for (int32_t k = 0; same && k < last - first; ++k)
-          same = out.child_byte[begin + k] == child_byte[first + k] &&
-                 out.child_node[begin + k] == merged[child_node[first + k]];
-        if (same) {
-          found = candidate;
-          break;
-        }
-      }
-      if (found < 0) {
+      key.assign(1, is_end[node]);
+      for (int32_t k = first; k < last; ++k) key.push_back(child_byte[k]), key.push_back(merged[child_node[k]]);
+      const int32_t length = static_cast<int32_t>(key.size());
+      const uint64_t hash = hash_values(key.data(), key.size());
+      int32_t found = index.find(key.data(), length, hash);
+      if (found == KeyIndex::kAbsent) {
         found = out.size();
         out.is_end.push_back(is_end[node]);
         for (int32_t k = first; k < last; ++k) {
@@ -182,7 +164,7 @@ struct NameTrie {
           out.child_node.push_back(merged[child_node[k]]);
         }
         out.child_begin.push_back(static_cast<int32_t>(out.child_node.size()));
-        index[slot] = found;
+        index.insert(key.data(), length, hash, found);
       }
       merged[node] = found;
     }
