@@ -38,6 +38,7 @@ KERNEL_HEADERS = (
     "flat_index.hpp",
     "walk.hpp",
     "spin_mutex.hpp",
+    "matcher_core.pxi",
 )
 KERNEL = Extension(
     "formline.native._kernel",

@@ -64,6 +64,27 @@ def test_unknown_token_id_is_a_clear_error() -> None:
         matcher.accept_token(-1)
 
 
+def test_accept_token_takes_numpy_ids_and_keeps_a_bounded_history() -> None:
+    matcher = GrammarMatcher(
+        compile_grammar(Grammar.from_regex(r"(ab)+"), VOCABULARY, disk_cache=False),
+        max_rollback_tokens=2,
+    )
+    with pytest.raises(TokenError, match="outside the vocabulary"):
+        matcher.accept_token(2**70)  # past a C integer: still the named error
+    with pytest.raises(TokenError):
+        matcher.accept_token(np.int64(VOCABULARY.size))
+    start = matcher.state_key()
+    for _ in range(3):
+        assert matcher.accept_token(np.int64(TOKEN[b"ab"]))
+    assert not matcher.accept_token(np.int32(TOKEN[b"ba"]))
+    with pytest.raises(ValueError, match="cannot roll back 3 tokens: 2 can be undone"):
+        matcher.rollback(3)
+    matcher.rollback(2)
+    assert matcher.state_key() != start and matcher.can_end()
+    matcher.reset()
+    assert matcher.state_key() == start and not matcher.can_end()
+
+
 def test_rollback_restores_masks_and_termination() -> None:
     matcher = matcher_for(Grammar.from_ebnf('root ::= "(" root ")" | "x"'))
     masks = [matcher.allowed_token_ids().tolist()]

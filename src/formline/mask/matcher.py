@@ -24,7 +24,7 @@ import numpy as np
 from formline.errors import FormlineError
 from formline.mask.bitmask import check_bitmask
 from formline.mask.compiled import CompiledGrammar
-from formline.native import copy_mask, copy_mask_row
+from formline.native import MatcherCore, copy_mask, copy_mask_row
 from formline.parser.pushdown import Stack
 
 MAX_JUMP_FORWARD_BYTES = 4096
@@ -38,8 +38,11 @@ class TokenError(FormlineError, ValueError):
     """A token id outside the vocabulary (the logits size)."""
 
 
-class GrammarMatcher:
+class GrammarMatcher(MatcherCore):
     """Parse state of one sequence under a compiled grammar.
+
+    The per-token calls (``accept_token``, ``state_key``, ``can_end``, ``is_terminated``) and
+    the state they read are :class:`formline.native.MatcherCore`'s, in C; the rest is here.
 
     Args:
         compiled: the compiled grammar (shared, read-only).
@@ -48,34 +51,16 @@ class GrammarMatcher:
     """
 
     def __init__(self, compiled: CompiledGrammar, max_rollback_tokens: int | None = None):
-        self.compiled = compiled
-        self.max_rollback_tokens = max_rollback_tokens
+        super().__init__(compiled, max_rollback_tokens)
         self._automaton = compiled.automaton
-        self._eos = compiled.vocabulary.eos_ids
-        self._vocabulary_size = compiled.vocabulary_size
-        self._step = compiled.kernel.step
         self.reset()
 
     def reset(self) -> None:
         """Back to the start of the grammar. Costs one closure."""
-        stacks, can_end = self._automaton.initial()
-        self._stacks: frozenset[Stack] = stacks
-        self._can_end = can_end
+        self._stacks, self._can_end = self._automaton.initial()
         self._terminated = False
-        self._history: list[tuple[frozenset[Stack], bool, bool]] = []
-        self._mask: np.ndarray | None = None  # this step's mask once looked up
-
-    def is_terminated(self) -> bool:
-        """Whether a stop token has been accepted."""
-        return self._terminated
-
-    def state_key(self) -> tuple[frozenset[Stack], bool, bool]:
-        """A hashable key of the parse state: equal keys have equal masks from here on."""
-        return (self._stacks, self._can_end, self._terminated)
-
-    def can_end(self) -> bool:
-        """Whether the text so far is a complete string of the grammar (a stop token is allowed)."""
-        return self._can_end and not self._terminated
+        self._history = []
+        self._mask = None
 
     def _check_id(self, token_id: int) -> None:
         if not 0 <= token_id < self.compiled.vocabulary_size:
@@ -90,45 +75,6 @@ class GrammarMatcher:
             del self._history[0]
         self._stacks, self._can_end, self._terminated = stacks, can_end, terminated
         self._mask = None
-
-    def accept_token(self, token_id: int) -> bool:
-        """Advance by one token; ``False`` (state unchanged) if the grammar refuses it.
-
-        A stop token is accepted only where the grammar can end, and terminates the matcher.
-
-        Raises:
-            TokenError: ``token_id`` is outside the vocabulary.
-        Costs a dictionary lookup when this configuration has read this token before (the
-        kernel caches steps), else O(token bytes x stacks).
-        """
-        if not 0 <= token_id < self._vocabulary_size:
-            self._check_id(token_id)
-        if self._terminated:
-            return False
-        if token_id in self._eos:
-            if not self._can_end:
-                return False
-            self._push(self._stacks, False, True)
-            return True
-        # The kernel's cached step, called directly: through CompiledGrammar.advance, a step
-        # not cached cost 1.42 µs and a cached one 0.42 (p50 over MaskBench's valid
-        # instances), now 1.08 and 0.37 with _push inlined below (bench.maskbench's accept
-        # p50 1.15 -> 0.88-0.95 µs, llguidance 0.95-0.98 in the same runs).
-        stacks = self._stacks
-        result = self._step(stacks, token_id)
-        if result is None:
-            return False
-        if isinstance(result, int):
-            self.compiled.check_status(result)  # a limit: raises
-            return False
-        # _push, inlined: a Python call is a tenth of a cached step.
-        history = self._history
-        history.append((stacks, self._can_end, False))
-        if self.max_rollback_tokens is not None and len(history) > self.max_rollback_tokens:
-            del history[0]
-        self._stacks, self._can_end = result
-        self._mask = None
-        return True
 
     def accept_tokens(self, token_ids: Sequence[int]) -> bool:
         """Accept every token of ``token_ids``, or none (``False``, state unchanged).

@@ -1,8 +1,9 @@
 """The compiled kernels, C++ bound by Cython in ``_kernel.pyx``: the mask kernel and the
-parser's token step (``kernel.hpp``), the lazy automaton (``automaton.hpp``) and its build
-from the flattened IR (``thompson.hpp``, ``lazy_build.hpp``), and the automata routines of
-the reference path (``dfa.hpp``); used by :mod:`formline.grammar`, :mod:`formline.automata`,
-:mod:`formline.parser` and :mod:`formline.mask`, importing none of formline.
+parser's token step (``kernel.hpp``), the matcher's per-token calls (``matcher_core.pxi``),
+the lazy automaton (``automaton.hpp``) and its build from the flattened IR (``thompson.hpp``,
+``lazy_build.hpp``), and the automata routines of the reference path (``dfa.hpp``); used by
+:mod:`formline.grammar`, :mod:`formline.automata`, :mod:`formline.parser` and
+:mod:`formline.mask`, importing none of formline.
 
 Built by the package's install (``pip install -e .`` compiles it in place); there is no pure
 Python fallback: :mod:`formline.mask.reference`, ``build_pushdown_reference`` and
@@ -13,6 +14,7 @@ kernel with.
 from formline.native._kernel import (
     STACK_LIMIT_EXCEEDED,
     STATE_LIMIT_EXCEEDED,
+    MatcherCore,
     NativeAutomaton,
     NativeMaskKernel,
     NativeTokenTable,
@@ -36,6 +38,7 @@ from formline.native._kernel import (
 __all__ = [
     "STACK_LIMIT_EXCEEDED",
     "STATE_LIMIT_EXCEEDED",
+    "MatcherCore",
     "NativeAutomaton",
     "NativeMaskKernel",
     "NativeTokenTable",

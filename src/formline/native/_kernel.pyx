@@ -897,6 +897,10 @@ cdef class NativeMaskKernel:
         inside a string every character leaves it where it was), else the step. One C call:
         through two Python methods, a step not cached cost 1.42 µs (p50, MaskBench's steps),
         1.08 now; the cache is emptied once it holds ``step_cache_entries`` steps."""
+        return self.cached_step(stacks, token)
+
+    cdef object cached_step(self, stacks, token):
+        """:meth:`step` for C callers (:class:`MatcherCore`): no Python call in between."""
         key = (stacks, token)  # the caller's int object: no new one per call
         found = self.steps.get(key, _MISSING)
         if found is not _MISSING:
@@ -988,6 +992,8 @@ cdef class NativeMaskKernel:
             "bounded_walks": stats.bounded_walks,
         }
 
+
+include "matcher_core.pxi"
 
 def copy_mask(const uint32_t[::1] words, int32_t[::1] row):
     """``row[:len(words)] = words``, the rest of ``row`` zeroed: one step's fill (numpy's two

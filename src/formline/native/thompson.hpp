@@ -594,7 +594,6 @@ inline int build_thompson(const FlatGrammar& grammar, int32_t root, int64_t stat
     const int32_t node = body_of(task.node), end = task.end;
     int32_t start = task.start;
     bool owns = task.owns;
-    const int8_t node_kind = grammar.kind[node];
     if (!task.entered && is_entered(node)) {
       const uint64_t key = (static_cast<uint64_t>(node) << 32) | static_cast<uint32_t>(end);
       auto found = entries.find(key);
