@@ -55,6 +55,10 @@ SHARED_STRING_SIZE = 200
 MAX_UNROLLED_NODES = 20_000
 
 
+NULL = Literal(b"null")
+BOOLEAN = choice([Literal(b"true"), Literal(b"false")])
+
+
 def typed_value(
     compiler: SchemaCompiler, schema: Schema, pointer: str, resolver: Any, depth: int
 ) -> Node:
@@ -73,16 +77,25 @@ def typed_value(
     if "number" in types:
         types.discard("integer")
     _record_inapplicable(compiler, schema, types, pointer)
-    builders = {
-        "null": lambda: Literal(b"null"),
-        "boolean": lambda: choice([Literal(b"true"), Literal(b"false")]),
-        "integer": lambda: number_value(compiler, schema, pointer, integer=True),
-        "number": lambda: number_value(compiler, schema, pointer, integer=False),
-        "string": lambda: string_value(compiler, schema, pointer),
-        "array": lambda: array_value(compiler, schema, pointer, resolver, depth),
-        "object": lambda: _object_value(compiler, schema, pointer, resolver, depth),
-    }
-    return choice([builders[name]() for name in ALL_TYPES if name in types])
+    # One branch per type, in ALL_TYPES' order; tested in line (a dict of seven closures made
+    # per call was 1-2 µs of each of a big schema's hundreds of values).
+    branches: list[Node] = []
+    for name in ALL_TYPES:
+        if name not in types:
+            continue
+        if name == "null":
+            branches.append(NULL)
+        elif name == "boolean":
+            branches.append(BOOLEAN)
+        elif name == "integer" or name == "number":
+            branches.append(number_value(compiler, schema, pointer, integer=name == "integer"))
+        elif name == "string":
+            branches.append(string_value(compiler, schema, pointer))
+        elif name == "array":
+            branches.append(array_value(compiler, schema, pointer, resolver, depth))
+        else:
+            branches.append(_object_value(compiler, schema, pointer, resolver, depth))
+    return choice(branches)
 
 
 def _object_value(
