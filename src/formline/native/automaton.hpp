@@ -54,59 +54,67 @@ struct VectorHash {
   }
 };
 
-// Sets of ints (a rule and NFA states) to an int, keys kept in one pool: open addressing
-// with the keys' hashes beside them. std::unordered_map of vector keys allocated a node and
-// a key per DFA state made, half of an expansion (about 1 µs a state).
-class KeyIndex {
+// Sequences (of ints: a rule and NFA states; of bytes: flatten_rules' node values) to an int,
+// keys kept in one pool: open addressing with the keys' hashes beside them, which the caller
+// computes. std::unordered_map of vector keys allocated a node and a key per DFA state made,
+// half of an expansion (about 1 µs a state).
+template <typename Element>
+class BasicKeyIndex {
  public:
   static constexpr int32_t kAbsent = INT32_MIN;
-  // The value of `key`, or kAbsent. Costs a hash and, on a match, a compare.
-  int32_t find(const int32_t* key, int32_t length, uint64_t hash) const {
+  BasicKeyIndex() = default;
+  // With room for `keys` keys before it grows (a power of two).
+  explicit BasicKeyIndex(size_t keys) : slots_(2 * keys, -1) {}
+  // The value of `key`, or kAbsent. Costs a probe or two and, on a match, a compare.
+  int32_t find(const Element* key, int32_t length, uint64_t hash) const {
     if (slots_.empty()) return kAbsent;
     const size_t mask = slots_.size() - 1;
     for (size_t slot = hash & mask;; slot = (slot + 1) & mask) {
-      const Slot& entry = slots_[slot];
-      if (entry.length < 0) return kAbsent;
+      if (slots_[slot] < 0) return kAbsent;
+      const Entry& entry = entries_[static_cast<size_t>(slots_[slot])];
       if (entry.hash == hash && entry.length == length &&
-          std::equal(key, key + length, pool_.begin() + entry.offset))
+          std::equal(key, key + length, pool_.data() + entry.offset))
         return entry.value;
     }
   }
   // Adds `key` (absent) with `value`; returns where its copy starts in pool().
-  int64_t insert(const int32_t* key, int32_t length, uint64_t hash, int32_t value) {
-    if ((count_ + 1) * 2 > slots_.size()) grow();
+  int64_t insert(const Element* key, int32_t length, uint64_t hash, int32_t value) {
+    if ((entries_.size() + 1) * 2 > slots_.size()) grow();
     const int64_t offset = static_cast<int64_t>(pool_.size());
     pool_.insert(pool_.end(), key, key + length);
-    place(Slot{hash, offset, length, value});
-    ++count_;
+    entries_.push_back(Entry{hash, offset, length, value});
+    place(static_cast<int32_t>(entries_.size() - 1));
     return offset;
   }
-  const int32_t* pool() const { return pool_.data(); }
-  size_t memory_bytes() const { return pool_.capacity() * 4 + slots_.capacity() * sizeof(Slot); }
+  const Element* pool() const { return pool_.data(); }
+  size_t memory_bytes() const {
+    return pool_.capacity() * sizeof(Element) + slots_.capacity() * 4 +
+           entries_.capacity() * sizeof(Entry);
+  }
 
  private:
-  struct Slot {
-    uint64_t hash = 0;
-    int64_t offset = 0;
-    int32_t length = -1;  // -1: empty
-    int32_t value = -1;
+  struct Entry {
+    uint64_t hash;
+    int64_t offset;
+    int32_t length;
+    int32_t value;
   };
-  void place(const Slot& entry) {
+  // Slots hold entry numbers (-1: empty): four bytes a probe, the entries in insertion order.
+  void place(int32_t entry) {
     const size_t mask = slots_.size() - 1;
-    size_t slot = entry.hash & mask;
-    while (slots_[slot].length >= 0) slot = (slot + 1) & mask;
+    size_t slot = entries_[static_cast<size_t>(entry)].hash & mask;
+    while (slots_[slot] >= 0) slot = (slot + 1) & mask;
     slots_[slot] = entry;
   }
   void grow() {
-    std::vector<Slot> old(std::max<size_t>(64, slots_.size() * 2));
-    old.swap(slots_);
-    for (const Slot& entry : old)
-      if (entry.length >= 0) place(entry);
+    slots_.assign(std::max<size_t>(64, slots_.size() * 2), -1);
+    for (size_t entry = 0; entry < entries_.size(); ++entry) place(static_cast<int32_t>(entry));
   }
-  std::vector<int32_t> pool_;
-  std::vector<Slot> slots_;
-  size_t count_ = 0;
+  std::vector<Element> pool_;
+  std::vector<int32_t> slots_;
+  std::vector<Entry> entries_;
 };
+using KeyIndex = BasicKeyIndex<int32_t>;
 
 // One rule's NFA (start 0, accept 1), trimmed to the states that reach the accept state: byte
 // edges and epsilon edges only to such states, calls only to productive rules returning to

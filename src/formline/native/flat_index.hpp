@@ -4,14 +4,15 @@
 // Why not std::unordered_map: it allocates a node per entry (and the value map a copy of the
 // key string), and on MaskBench's largest grammars (3,800 node objects, 1,600 values) the two
 // maps and malloc were about 60% of the flattening's samples (0.6 ms a schema). Here both are
-// open addressing over flat arrays, the values' bytes kept in one pool; they grow by doubling
-// at half full, so a lookup is a probe or two.
+// open addressing over flat arrays (the values' bytes in automaton.hpp's BasicKeyIndex, one
+// pool); they grow by doubling at half full, so a lookup is a probe or two.
 #pragma once
 
 #include <cstddef>
 #include <cstdint>
-#include <cstring>
 #include <vector>
+
+#include "automaton.hpp"
 
 namespace formline {
 
@@ -68,40 +69,21 @@ class AddressIndex {
   static_assert(kInitialSlots == 1024, "shift_ starts at 64 - log2(kInitialSlots)");
 };
 
-// Byte strings -> int32 numbers (absent: -1); the strings live in one pool.
+// Byte strings -> int32 numbers (absent: -1): automaton.hpp's index of sequences over bytes,
+// hashed here.
 class BytesIndex {
  public:
-  BytesIndex() : slots_(kInitialSlots, -1) {}
-
   int32_t find(const char* data, size_t length) const {
-    const uint64_t hash = hash_of(data, length);
-    for (size_t slot = hash & (slots_.size() - 1);; slot = (slot + 1) & (slots_.size() - 1)) {
-      const int32_t entry = slots_[slot];
-      if (entry < 0) return -1;
-      const Entry& known = entries_[entry];
-      if (known.hash == hash && known.length == length &&
-          std::memcmp(pool_.data() + known.offset, data, length) == 0)
-        return known.value;
-    }
+    const int32_t value = index_.find(data, static_cast<int32_t>(length), hash_of(data, length));
+    return value == BasicKeyIndex<char>::kAbsent ? -1 : value;
   }
 
   // Adds a string that find() does not know, with its number.
   void insert(const char* data, size_t length, int32_t value) {
-    if (2 * (entries_.size() + 1) > slots_.size()) grow();
-    const uint64_t hash = hash_of(data, length);
-    entries_.push_back({hash, pool_.size(), length, value});
-    pool_.insert(pool_.end(), data, data + length);
-    place(static_cast<int32_t>(entries_.size() - 1));
+    index_.insert(data, static_cast<int32_t>(length), hash_of(data, length), value);
   }
 
  private:
-  static constexpr size_t kInitialSlots = 1024;
-  struct Entry {
-    uint64_t hash;
-    size_t offset, length;
-    int32_t value;
-  };
-
   static uint64_t hash_of(const char* data, size_t length) {  // FNV-1a, high bits folded in
     uint64_t hash = 1469598103934665603ull;
     for (size_t k = 0; k < length; ++k) {
@@ -111,20 +93,7 @@ class BytesIndex {
     return hash ^ (hash >> 29);
   }
 
-  void place(int32_t entry) {
-    size_t slot = entries_[entry].hash & (slots_.size() - 1);
-    while (slots_[slot] >= 0) slot = (slot + 1) & (slots_.size() - 1);
-    slots_[slot] = entry;
-  }
-
-  void grow() {
-    slots_.assign(slots_.size() * 2, -1);
-    for (size_t entry = 0; entry < entries_.size(); ++entry) place(static_cast<int32_t>(entry));
-  }
-
-  std::vector<int32_t> slots_;
-  std::vector<Entry> entries_;
-  std::vector<char> pool_;
+  BasicKeyIndex<char> index_{512};  // most grammars' distinct nodes: no growing
 };
 
 }  // namespace formline

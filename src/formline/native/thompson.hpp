@@ -152,7 +152,10 @@ struct NameTrie {
     for (int32_t node = count - 1; node >= 0; --node) {
       const int32_t first = child_begin[node], last = child_begin[node + 1];
       key.assign(1, is_end[node]);
-      for (int32_t k = first; k < last; ++k) key.push_back(child_byte[k]), key.push_back(merged[child_node[k]]);
+      for (int32_t k = first; k < last; ++k) {
+        key.push_back(child_byte[k]);
+        key.push_back(merged[child_node[k]]);
+      }
       const int32_t length = static_cast<int32_t>(key.size());
       const uint64_t hash = hash_values(key.data(), key.size());
       int32_t found = index.find(key.data(), length, hash);
