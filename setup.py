@@ -31,6 +31,8 @@ KERNEL_HEADERS = (
     "kernel.hpp",
     "hopcroft.hpp",
     "lazy_build.hpp",
+    "ir_facts.hpp",
+    "rule_graph.hpp",
     "automaton.hpp",
     "thompson.hpp",
     "trie.hpp",

@@ -31,6 +31,7 @@ from formline.grammar.ir import (
 from formline.parser.pushdown import (
     build_pushdown,
     build_pushdown_reference,
+    recursive_rules,
 )
 from formline.schema import SchemaError, schema_to_grammar
 
@@ -47,7 +48,13 @@ def assert_same_automaton(grammar: Grammar) -> None:
         assert str(caught.value) == str(error)
         return
     native = build_pushdown(grammar)
-    assert native.rule_names == reference.rule_names
+    # The start first, then the called rules the DFAs may enter: those the reference's NFAs
+    # reach, or (a build that makes NFAs as they are needed) every called rule the start's
+    # references reach, whether or not an NFA path gets there.
+    assert native.rule_names[0] == reference.rule_names[0]
+    assert set(reference.rule_names) <= set(native.rule_names)
+    called = recursive_rules(grammar) | grammar.called_rules
+    assert set(native.rule_names) <= {grammar.start} | called
     assert canonical(minimized(native)) == canonical(reference)
 
 
@@ -174,7 +181,33 @@ def test_native_trim_drops_dead_branches_and_calls_that_derive_nothing() -> None
     assert_same_automaton(grammar)
     automaton = build_pushdown(grammar)
     assert "r2" not in automaton.rule_names
+    # r2 derives nothing: the build makes every NFA now, to trim the calls into it.
+    assert automaton.native.rules_built == 3
     assert [automaton.matches(text) for text in (b"abc", b"abd", b"abxe")] == [True, False, False]
+
+
+def test_a_rule_is_built_when_a_step_first_enters_it() -> None:
+    # Every rule surely derives a string and none calls itself before a byte: the build
+    # makes the start's NFA alone, and each other rule's when a state calling it is first
+    # made (expanding the state after "a" makes the one after "ax", which calls r0).
+    rules = {
+        "root": Choice(
+            (
+                Sequence((Literal(b"ax"), RuleReference("r0"))),
+                Sequence((Literal(b"by"), RuleReference("r1"))),
+            )
+        ),
+        "r0": Sequence((Literal(b"x"), Repeat(RuleReference("r0"), 0, 1))),
+        "r1": Except(Repeat(ByteSet(((97, 122),)), 1, None), (b"no",)),
+    }
+    grammar = Grammar(rules, "root", called_rules=frozenset({"r0", "r1"}))
+    automaton = build_pushdown(grammar)
+    assert automaton.native.rules_built == 1
+    assert automaton.matches(b"axxx")
+    assert automaton.native.rules_built == 2
+    assert [automaton.matches(text) for text in (b"byno", b"bynon", b"by")] == [False, True, False]
+    assert automaton.native.rules_built == 3
+    assert_same_automaton(grammar)
 
 
 @given(trees(), trees())

@@ -1,10 +1,14 @@
 """A grammar's automaton built in the native kernel from its flattened IR, lazily.
 
 :meth:`Grammar.flat` numbers a grammar's distinct IR nodes once, children first, into flat
-arrays; :func:`build_lazy` hands them to the kernel (``native/lazy_build.hpp``), which builds
-each needed rule's Thompson NFA, finds the productive rules, trims each NFA to the states
-that can still finish, refuses left recursion and makes the start state. Every other DFA
-state is made the first time a walk or a parser step reaches it (``native/automaton.hpp``):
+arrays; :func:`build_lazy` hands them to the kernel (``native/lazy_build.hpp``). When the IR
+shows that every callable rule surely derives a string and none calls itself before a byte
+(``native/ir_facts.hpp``: all but one of the MaskBench sample's multi-rule schemas), it
+builds the start rule's Thompson NFA and makes the start state; every other rule's NFA is
+built the first time a DFA state calls it. Otherwise it builds each needed rule's NFA,
+finds the productive rules, trims each NFA to the states that can still finish, refuses
+left recursion and makes the start state. Every other DFA state is made the first time a
+walk or a parser step reaches it (``native/automaton.hpp``):
 the eager build (determinise, trim, minimise, link, natively) was 1.1 ms of a median
 MaskBench schema's 2.7 ms to first mask and 24 of the slowest tenth's 36 ms. It gives the
 language of :func:`formline.parser.pushdown.build_pushdown_reference` (the Python NFA
@@ -90,16 +94,18 @@ def build_lazy(
 ) -> tuple[NativeAutomaton, list[str]]:
     """The lazy automaton of ``source`` from the kernel, GIL released, at most its
     ``dfa_state_limit`` DFA states in all (made as decoding reaches them), and the names of
-    its rules, the start first (a state's rule index, ``NativeAutomaton.state``, reads into
-    the grammar's sorted rule names).
+    the rules it may have states of, the start first (a state's rule index,
+    ``NativeAutomaton.state``, reads into the grammar's sorted rule names). A rule built
+    lazily is surely within the NFA limit (a bound from the IR, or built now to check).
 
     Raises:
         AutomatonLimitError: a rule's NFA needs more states than its limit.
         CompileLimitError: ``deadline`` passes while it is built.
         GrammarError: the grammar matches nothing, is left-recursive, or its arrays are
             malformed (a stored entry: an index out of range).
-    Costs O(NFA states) natively (no DFA is built here): about 0.1-0.3 ms for a median
-    MaskBench schema.
+    Costs O(NFA states) natively, the start rule's alone where the rest may be lazy (no DFA
+    is built here): about 0.05-0.1 ms for a median MaskBench schema, 0.3-0.4 ms for the
+    slowest tenth (0.7-0.8 with every NFA built now).
     """
     deadline = deadline or no_deadline()
     flat = source.flat

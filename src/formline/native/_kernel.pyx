@@ -28,6 +28,7 @@ cdef extern from "automaton.hpp" namespace "formline" nogil:
         int32_t capacity()
         int32_t stack_limit()
         cpp_bool failed()
+        int32_t rules_built()
         cpp_bool is_expanded(int32_t state)
         const int32_t* row(int32_t state) except +
         const uint8_t* accepting()
@@ -288,6 +289,12 @@ cdef class NativeAutomaton:
         """Whether more states were needed than the capacity (every walk reports it since)."""
         return self.automaton.get().failed()
 
+    @property
+    def rules_built(self):
+        """How many rules have their NFA so far: a build whose rules surely derive strings
+        makes the start's, and each other's when a walk or a step first enters it."""
+        return self.automaton.get().rules_built()
+
     def row(self, int state):
         """``state``'s 256 transitions (int32, -1: none) as bytes, expanded first.
 
@@ -481,10 +488,11 @@ def build_automaton(
     double seconds,
 ):
     """A grammar's lazy automaton from the flattened IR (see ``lazy_build.hpp``), the GIL
-    released: the rules' NFAs, trimmed, and the start state; the other DFA states are made as
-    walks reach them, at most ``capacity``. Returns a dict: ``status`` (0, or -2 NFA limit,
+    released: the rules' NFAs, trimmed (the start's alone where the others can wait for a
+    state that calls them), and the start state; the other DFA states are made as walks
+    reach them, at most ``capacity``. Returns a dict: ``status`` (0, or -2 NFA limit,
     -3 state limit, -4 out of time, -5 nothing derivable, -6 left recursion, -7 an Except's
-    item calls a rule, -8 malformed arrays), ``failed_rule``, ``nfa_states`` (of the failing rule, or all),
+    item calls a rule, -8 malformed arrays), ``failed_rule``, ``nfa_states`` (of the failing rule, or all built),
     ``cycle`` (rule indices) and, on success, ``automaton`` (a :class:`NativeAutomaton`) and
     ``rule_order`` (the rules it has, by index: the start, then ascending)."""
     cdef FlatGrammar grammar = _flat_grammar(

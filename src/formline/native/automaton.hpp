@@ -23,6 +23,7 @@
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <new>
@@ -300,6 +301,13 @@ class LazyAutomaton {
     return start_called_ || rule_[state] != start_rule_;
   }
 
+  // How many rules have their NFA (the others are made when a state of them first is).
+  int32_t rules_built() const {
+    std::lock_guard<SpinMutex> guard(mutex_);
+    return static_cast<int32_t>(std::count_if(rules_.begin(), rules_.end(),
+                                              [](const RuleNfa& nfa) { return nfa.states > 0; }));
+  }
+
   // Bytes held: rows, call lists, the NFA state sets and their index.
   size_t memory_bytes() const {
     std::lock_guard<SpinMutex> guard(mutex_);
@@ -308,11 +316,18 @@ class LazyAutomaton {
   }
 
   // ------------------------------------------------------------------ building
-  // Lazy: each rule's trimmed NFA, then state 0 made from `start_rule`'s NFA start.
-  // Returns 0 or kStateLimitExceeded.
-  int start_from_rules(std::vector<RuleNfa> rules, int32_t start_rule, bool start_called) {
+  // Makes a rule's trimmed NFA into its argument: 0, or a build's failure status.
+  using RuleMaker = std::function<int(int32_t rule, RuleNfa& nfa)>;
+
+  // Lazy: each rule's trimmed NFA, then state 0 made from `start_rule`'s NFA start. A rule
+  // whose NFA has no states is made by `make_rule` the first time a state of it is (under
+  // the mutex: the walks that meet the new states wait); a failed make fails the automaton
+  // as its capacity does. Returns 0 or kStateLimitExceeded.
+  int start_from_rules(std::vector<RuleNfa> rules, int32_t start_rule, bool start_called,
+                       RuleMaker make_rule = nullptr) {
     std::lock_guard<SpinMutex> guard(mutex_);
     rules_ = std::move(rules);
+    make_rule_ = std::move(make_rule);
     start_rule_ = start_rule;
     start_called_ = start_called;
     size_t most = 0;
@@ -459,6 +474,7 @@ class LazyAutomaton {
   // important ones, sorted), found or made (mutex_ held; `targets` is overwritten). A made
   // state waits in made_pending_ for complete_made. -1 past the capacity.
   int32_t intern(int32_t rule, std::vector<int32_t>& targets) {
+    if (rules_[rule].states == 0 && !make_rule_now(rule)) return -1;
     const RuleNfa& nfa = rules_[rule];
     // One NFA state (a string's next character, a literal's next byte: most steps) is
     // looked up by its index, not hashed.
@@ -520,6 +536,19 @@ class LazyAutomaton {
     return state;
   }
 
+  // Makes rule `rule`'s NFA (mutex_ held; rules_ never grows, so the NFAs in use stay put).
+  // False, the automaton failed, when there is no maker or the make fails.
+  bool make_rule_now(int32_t rule) {
+    if (!make_rule_ || make_rule_(rule, rules_[rule]) != 0 || rules_[rule].states == 0) {
+      rules_[rule] = RuleNfa();
+      failed_.store(true, std::memory_order_release);
+      return false;
+    }
+    if (marker_.size() < static_cast<size_t>(rules_[rule].states))
+      marker_.resize(static_cast<size_t>(rules_[rule].states), 0u);
+    return true;
+  }
+
   // Metadata of the states made since the last call (mutex_ held): accepting, byte edges,
   // the calls grouped by callee rule (its start state made, the return state made), then
   // the size published. A call whose states cannot be made (the capacity) is left out: the
@@ -575,6 +604,7 @@ class LazyAutomaton {
   int32_t start_rule_ = 0;
   bool start_called_ = false;
   std::vector<RuleNfa> rules_;
+  RuleMaker make_rule_;  // the NFAs not given to start_from_rules (nullptr: all were)
   // By state: its important NFA states, (offset, count) in index_'s pool.
   std::vector<std::pair<int64_t, int32_t>> subsets_;
   KeyIndex index_;      // [rule, important NFA states] -> state

@@ -1,9 +1,12 @@
-// A grammar's lazy automaton from the flattened IR: every rule the start reaches gets its
-// Thompson NFA (thompson.hpp), the productive rules and each NFA's live states are found,
-// the NFAs are trimmed to them, left recursion is refused, and the automaton
-// (automaton.hpp) makes its start state; every other DFA state is made when first reached.
-// A big grammar's NFAs are built and trimmed on two threads (the batch fill's kept helper,
-// pool.hpp): MaskBench's largest builds went from 1.9-3.8 ms to 1.3-2.5 ms.
+// A grammar's lazy automaton from the flattened IR. Where the IR shows it safe
+// (ir_facts.hpp), only the start rule gets its Thompson NFA now (thompson.hpp), and every
+// other rule its own when a DFA state first calls it: the native build of the slowest
+// tenth of MaskBench went from 0.70-0.82 ms to 0.32-0.36 (bench.ttfm_stages, alternated).
+// Otherwise every rule the start reaches gets its NFA, the productive rules and each
+// NFA's live states are found, the NFAs are trimmed to them, left recursion is refused;
+// then the automaton (automaton.hpp) makes its start state, and every other DFA state is
+// made when first reached. A big grammar's NFAs are built and trimmed on two threads then
+// (the batch fill's kept helper, pool.hpp): 1.9-3.8 ms became 1.3-2.5 ms.
 // Python: parser.pushdown's build_pushdown_reference (eager: determinise, trim, minimise,
 // link), the oracle of the differential tests, which compare the languages rule by rule.
 #pragma once
@@ -19,7 +22,9 @@
 #include <vector>
 
 #include "automaton.hpp"
+#include "ir_facts.hpp"
 #include "pool.hpp"
+#include "rule_graph.hpp"
 #include "thompson.hpp"
 
 namespace formline {
@@ -27,54 +32,6 @@ namespace formline {
 constexpr int kNotProductive = -5;
 constexpr int kLeftRecursion = -6;
 constexpr int kMalformed = -8;
-
-// Whether every index of the flattened IR is in range, children before parents and bounds
-// ordered: the build follows them without checks, and a stored entry comes through here
-// (nothing in it is trusted). Costs O(nodes + children).
-inline bool is_well_formed(const FlatGrammar& grammar, int32_t rule_count) {
-  const int32_t nodes = grammar.node_count;
-  auto within = [](int64_t low, int64_t high, int64_t size) { return 0 <= low && low <= high && high <= size; };
-  for (int32_t node = 0; node < nodes; ++node) {
-    const int32_t a = grammar.a[node], b = grammar.b[node], c = grammar.c[node];
-    switch (grammar.kind[node]) {
-      case 0:
-        if (!within(a, b, grammar.range_count)) return false;
-        for (int32_t k = a; k < b; ++k) {
-          const int32_t low = grammar.range_pairs[2 * k], high = grammar.range_pairs[2 * k + 1];
-          if (!within(low, high, 255)) return false;
-        }
-        break;
-      case 1:
-        if (!within(a, b, grammar.byte_count)) return false;
-        break;
-      case 2:
-      case 3:
-        if (!within(a, b, grammar.children_count)) return false;
-        for (int32_t k = a; k < b; ++k)
-          if (grammar.children[k] < 0 || grammar.children[k] >= node) return false;
-        break;
-      case 4:
-        if (a < 0 || a >= node || b < 0 || (c != -1 && c < b)) return false;
-        break;
-      case 5:
-        if (a < 0 || a >= rule_count) return false;
-        break;
-      case 7:
-        if (a < 0 || a >= node) return false;
-        break;
-      case 6:
-        if (a < 0 || a >= node || !within(b, c, grammar.children_count) || (c - b) % 2) return false;
-        for (int32_t k = b; k < c; k += 2)
-          if (!within(grammar.children[k], grammar.children[k + 1], grammar.byte_count)) return false;
-        break;
-      default:
-        return false;
-    }
-  }
-  for (int32_t rule = 0; rule < rule_count; ++rule)
-    if (grammar.rule_root[rule] < 0 || grammar.rule_root[rule] >= nodes) return false;
-  return true;
-}
 
 struct LazyBuildResult {
   std::shared_ptr<LazyAutomaton> automaton;
@@ -84,98 +41,6 @@ struct LazyBuildResult {
   int32_t nfa_states = 0;  // of the last rule built (of the failing one on an error)
   int64_t total_nfa_states = 0;
 };
-
-// Per rule, the rules its body references (sorted, once each): the edges of the recursion
-// analysis. Costs O(rules x distinct nodes reached).
-inline std::vector<std::vector<int32_t>> rule_references(const FlatGrammar& grammar,
-                                                         int32_t nodes, int32_t rule_count) {
-  std::vector<std::vector<int32_t>> references(rule_count);
-  std::vector<int32_t> stamp(nodes, -1), pending;
-  for (int32_t rule = 0; rule < rule_count; ++rule) {
-    pending.assign(1, grammar.rule_root[rule]);
-    stamp[grammar.rule_root[rule]] = rule;
-    auto& found = references[rule];
-    while (!pending.empty()) {
-      const int32_t node = pending.back();
-      pending.pop_back();
-      auto visit = [&](int32_t child) {
-        if (stamp[child] != rule) {
-          stamp[child] = rule;
-          pending.push_back(child);
-        }
-      };
-      switch (grammar.kind[node]) {
-        case 2:
-        case 3:
-          for (int32_t k = grammar.a[node]; k < grammar.b[node]; ++k) visit(grammar.children[k]);
-          break;
-        case 4:
-        case 6:
-        case 7:
-          visit(grammar.a[node]);
-          break;
-        case 5:
-          found.push_back(grammar.a[node]);
-          break;
-        default:
-          break;
-      }
-    }
-    std::sort(found.begin(), found.end());
-    found.erase(std::unique(found.begin(), found.end()), found.end());
-  }
-  return references;
-}
-
-// The rules that reach themselves through references (their strongly connected component
-// has several rules, or the rule references itself): Tarjan's algorithm, iterative, over
-// rule_references' edges. The Python version of it was 22 µs of a median MaskBench schema's
-// 840 µs compile (dicts of rule names); this is O(rules + references).
-inline std::vector<int32_t> recursive_rules(const std::vector<std::vector<int32_t>>& references) {
-  const int32_t rules = static_cast<int32_t>(references.size());
-  std::vector<int32_t> index(rules, -1), low(rules, 0), stack, recursive;
-  std::vector<uint8_t> on_stack(rules, 0);
-  std::vector<std::pair<int32_t, size_t>> work;  // (rule, next reference to follow)
-  int32_t counter = 0;
-  for (int32_t root = 0; root < rules; ++root) {
-    if (index[root] >= 0) continue;
-    work.emplace_back(root, 0);
-    while (!work.empty()) {
-      auto [rule, next] = work.back();
-      work.pop_back();
-      if (next == 0) {
-        index[rule] = low[rule] = counter++;
-        stack.push_back(rule);
-        on_stack[rule] = 1;
-      }
-      if (next < references[rule].size()) {
-        work.emplace_back(rule, next + 1);
-        const int32_t child = references[rule][next];
-        if (index[child] < 0)
-          work.emplace_back(child, 0);
-        else if (on_stack[child])
-          low[rule] = std::min(low[rule], index[child]);
-        continue;
-      }
-      if (!work.empty()) low[work.back().first] = std::min(low[work.back().first], low[rule]);
-      if (low[rule] != index[rule]) continue;
-      // The component is the stack from `rule` up: searched from the top, so that a chain of
-      // n rules, each its own component above its callers, costs O(n) and not O(n^2).
-      size_t first = stack.size();
-      while (stack[--first] != rule) {
-      }
-      const bool cyclic = stack.size() - first > 1 ||
-                          std::binary_search(references[rule].begin(), references[rule].end(), rule);
-      for (size_t k = first; k < stack.size(); ++k) {
-        on_stack[stack[k]] = 0;
-        if (cyclic) recursive.push_back(stack[k]);
-      }
-      stack.resize(first);
-    }
-  }
-  std::sort(recursive.begin(), recursive.end());
-  return recursive;
-}
 
 // A built Thompson NFA as CSR, untrimmed (every edge kept, calls labelled with rules).
 inline RuleNfa nfa_as_csr(const ThompsonNfa& nfa) {
@@ -551,6 +416,96 @@ bool build_rules_ahead(const FlatGrammar& grammar, int32_t rule_count, int32_t s
   return true;
 }
 
+// The flattened IR, copied: what a lazy automaton builds its rules' NFAs from after the
+// caller's arrays are gone. With the item caches those builds share.
+class OwnedRuleSource {
+ public:
+  OwnedRuleSource(const FlatGrammar& grammar, int32_t rule_count, int64_t nfa_limit,
+                  ItemCaches&& caches)
+      : kind_(grammar.kind, grammar.kind + grammar.node_count),
+        a_(grammar.a, grammar.a + grammar.node_count),
+        b_(grammar.b, grammar.b + grammar.node_count),
+        c_(grammar.c, grammar.c + grammar.node_count),
+        children_(grammar.children, grammar.children + grammar.children_count),
+        bytes_(grammar.bytes, grammar.bytes + grammar.byte_count),
+        range_pairs_(grammar.range_pairs, grammar.range_pairs + 2 * grammar.range_count),
+        rule_root_(grammar.rule_root, grammar.rule_root + rule_count),
+        rule_called_(grammar.rule_called, grammar.rule_called + rule_count),
+        productive_(rule_count, 1),
+        nfa_limit_(nfa_limit),
+        caches_(std::move(caches)) {
+    grammar_ = grammar;
+    grammar_.kind = kind_.data();
+    grammar_.a = a_.data();
+    grammar_.b = b_.data();
+    grammar_.c = c_.data();
+    grammar_.children = children_.data();
+    grammar_.bytes = bytes_.data();
+    grammar_.range_pairs = range_pairs_.data();
+    grammar_.rule_root = rule_root_.data();
+    grammar_.rule_called = rule_called_.data();
+  }
+
+  // Rule `rule`'s NFA, trimmed (every callable rule is productive: ir_facts said so), into
+  // `nfa`. Returns 0 or the build's status. No clock: the rule is within the NFA limit.
+  int make(int32_t rule, RuleNfa& nfa) {
+    RuleBuild build;
+    build_rule(grammar_, rule, nfa_limit_, 1e9, caches_, build);
+    if (build.status == 0) nfa = trim_nfa(std::move(build.nfa), productive_);
+    return build.status;
+  }
+
+ private:
+  std::vector<int8_t> kind_;
+  std::vector<int32_t> a_, b_, c_, children_;
+  std::vector<uint8_t> bytes_;
+  std::vector<int32_t> range_pairs_, rule_root_;
+  std::vector<uint8_t> rule_called_, productive_;
+  int64_t nfa_limit_;
+  FlatGrammar grammar_;
+  ItemCaches caches_;
+};
+
+constexpr int kBuildEagerly = 1;  // build_start_only: a rule of `build_now` failed
+
+// The lazy automaton with the start rule's NFA and those of `build_now` built, the others
+// made when first needed (is_lazy_buildable said so); the rule order is the start, then
+// the `reachable` called rules by index (those the NFAs call among them). Returns 0, the
+// start's build status, kStateLimitExceeded, or kBuildEagerly when a rule of `build_now`
+// fails (the eager build then says which rule, as one thread's discovery meets them).
+inline int build_start_only(const FlatGrammar& grammar, int32_t rule_count, int32_t start,
+                            int64_t nfa_limit, int32_t capacity, int32_t stack_limit,
+                            double seconds, bool start_called, ItemCaches& caches,
+                            const std::vector<uint8_t>& reachable,
+                            const std::vector<int32_t>& build_now, LazyBuildResult& result) {
+  std::vector<RuleNfa> nfas(rule_count);
+  const std::vector<uint8_t> productive(rule_count, 1);
+  RuleBuild build;
+  build_rule(grammar, start, nfa_limit, seconds, caches, build);
+  result.nfa_states = build.states;
+  result.total_nfa_states = build.states;
+  if (build.status != 0) {
+    result.failed_rule = start;
+    return build.status;
+  }
+  nfas[start] = trim_nfa(std::move(build.nfa), productive);
+  for (int32_t rule : build_now) {
+    RuleBuild now;
+    build_rule(grammar, rule, nfa_limit, seconds, caches, now);
+    if (now.status != 0) return kBuildEagerly;
+    result.total_nfa_states += now.states;
+    nfas[rule] = trim_nfa(std::move(now.nfa), productive);
+  }
+  result.rule_order.push_back(start);
+  for (int32_t rule = 0; rule < rule_count; ++rule)
+    if (rule != start && reachable[rule] && grammar.rule_called[rule]) result.rule_order.push_back(rule);
+  auto source = std::make_shared<OwnedRuleSource>(grammar, rule_count, nfa_limit, std::move(caches));
+  result.automaton = std::make_shared<LazyAutomaton>(capacity, stack_limit);
+  return result.automaton->start_from_rules(
+      std::move(nfas), start, start_called,
+      [source](int32_t rule, RuleNfa& nfa) { return source->make(rule, nfa); });
+}
+
 // The lazy automaton of `grammar` from rule `start`, at most `capacity` DFA states. Returns 0,
 // or kMalformed, kNfaLimitExceeded, kOutOfTime, kExceptCalls (result.failed_rule says which
 // rule), kNotProductive, kLeftRecursion (result.cycle) or kStateLimitExceeded.
@@ -561,6 +516,20 @@ inline int build_lazy_automaton(const FlatGrammar& grammar, int32_t rule_count, 
   using Clock = std::chrono::steady_clock;
   const auto began = Clock::now();
   auto left = [&] { return seconds - std::chrono::duration<double>(Clock::now() - began).count(); };
+  bool start_called = false;
+  {
+    ItemCaches caches;
+    std::vector<uint8_t> reachable;
+    std::vector<int32_t> build_now;
+    if (is_lazy_buildable(grammar, rule_count, start, nfa_limit, left(), caches, reachable,
+                          build_now, start_called)) {
+      const int status = build_start_only(grammar, rule_count, start, nfa_limit, capacity,
+                                          stack_limit, left(), start_called, caches, reachable,
+                                          build_now, result);
+      if (status != kBuildEagerly) return status;
+      result = LazyBuildResult();
+    }
+  }
   std::vector<RuleBuild> builds(rule_count);
   HelperHold hold;
   const bool is_parallel = build_rules_ahead(grammar, rule_count, start, nfa_limit, left, builds, hold);
@@ -605,7 +574,6 @@ inline int build_lazy_automaton(const FlatGrammar& grammar, int32_t rule_count, 
     ItemCaches unused;
     for (size_t k = 0; k < order.size(); ++k) trim(k, unused);
   }
-  bool start_called = false;
   for (int32_t rule : order)
     start_called |= std::find(nfas[rule].call_rule.begin(), nfas[rule].call_rule.end(),
                               start) != nfas[rule].call_rule.end();

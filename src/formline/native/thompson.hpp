@@ -229,23 +229,34 @@ class NameTrieBuilder {
 // left or at a node where no name ends. Each (DFA state, trie node) pair met is one NFA
 // state; a trie node pairs with one DFA state, so at most trie nodes + DFA states. `dfas`
 // caches the item DFAs of this build (the object keys of one schema share one item).
+// The DFA of an Except's item node `item`, made once per build (`caches`): 0 with `dfa`
+// pointing at it, or the item build's status.
+inline int except_item_dfa(const FlatGrammar& grammar, int32_t item, int64_t state_limit,
+                           double seconds, ItemCaches& caches, const DeterminizeResult*& dfa) {
+  auto& dfas = caches.except_dfas;
+  auto known = dfas.find(item);
+  if (known == dfas.end()) {
+    ThompsonNfa nfa;
+    int status = build_thompson(grammar, item, state_limit, seconds, nfa, caches);
+    if (status != 0) return status;
+    if (!nfa.call_rule.empty()) return kExceptCalls;
+    DeterminizeResult made;
+    status = determinize_nfa(nfa, static_cast<int32_t>(std::min<int64_t>(state_limit, INT32_MAX)), made);
+    if (status != 0) return status;
+    known = dfas.emplace(item, std::move(made)).first;
+  }
+  dfa = &known->second;
+  return 0;
+}
+
 template <typename NewState>
 int build_except(const FlatGrammar& grammar, int32_t node, int32_t start, int32_t end,
                  int64_t state_limit, double seconds, NewState new_state, ThompsonNfa& nfa,
                  ItemCaches& caches) {
-  auto& dfas = caches.except_dfas;
-  auto known = dfas.find(grammar.a[node]);
-  if (known == dfas.end()) {
-    ThompsonNfa item;
-    int status = build_thompson(grammar, grammar.a[node], state_limit, seconds, item, caches);
-    if (status != 0) return status;
-    if (!item.call_rule.empty()) return kExceptCalls;
-    DeterminizeResult dfa;
-    status = determinize_nfa(item, static_cast<int32_t>(std::min<int64_t>(state_limit, INT32_MAX)), dfa);
-    if (status != 0) return status;
-    known = dfas.emplace(grammar.a[node], std::move(dfa)).first;
-  }
-  const DeterminizeResult& dfa = known->second;
+  const DeterminizeResult* item_dfa = nullptr;
+  const int status = except_item_dfa(grammar, grammar.a[node], state_limit, seconds, caches, item_dfa);
+  if (status != 0) return status;
+  const DeterminizeResult& dfa = *item_dfa;
   NameTrieBuilder names;
   for (int32_t k = grammar.b[node]; k < grammar.c[node]; k += 2)
     names.insert(grammar.bytes + grammar.children[k], grammar.children[k + 1] - grammar.children[k]);
@@ -420,15 +431,16 @@ inline SharedMinimalDfas& shared_minimal_dfas() {
 // back to, and `start` may be a sibling's too). Returns 0, a status of the item's build, or
 // 1 when the item is to be built as it stands (it calls a rule, or its DFA is large).
 // `caches` holds the minimal DFAs of this build (nullptr: built as it stands).
-template <typename NewState>
-int build_minimized(const FlatGrammar& grammar, int32_t node, int32_t start, int32_t end,
-                    int64_t state_limit, double seconds, NewState new_state, ThompsonNfa& nfa,
-                    ItemCaches& caches) {
+// The minimal DFA of a Minimized node's item node `item`, made once per build (`caches`)
+// and shared between builds by the item's content: 0 with `dfa` pointing at it (nullptr:
+// the item is built as it stands), or the item build's status.
+inline int minimized_item_dfa(const FlatGrammar& grammar, int32_t item, int64_t state_limit,
+                              double seconds, ItemCaches& caches, const MinimalDfa*& dfa) {
   auto& dfas = caches.minimal_dfas;
-  auto known = dfas.find(grammar.a[node]);
+  auto known = dfas.find(item);
   if (known == dfas.end()) {
     std::string key;
-    const bool shareable = subtree_key(grammar, grammar.a[node], kSharedMinimalKeyBytes, key);
+    const bool shareable = subtree_key(grammar, item, kSharedMinimalKeyBytes, key);
     SharedMinimalDfas& shared = shared_minimal_dfas();
     std::shared_ptr<const MinimalDfa> minimal;
     bool found = false;
@@ -438,22 +450,31 @@ int build_minimized(const FlatGrammar& grammar, int32_t node, int32_t start, int
       if (entry != shared.dfas.end()) minimal = entry->second, found = true;
     }
     if (!found) {
-      ThompsonNfa item;
-      const int status =
-          build_thompson(grammar, grammar.a[node], state_limit, seconds, item, caches);
+      ThompsonNfa item_nfa;
+      const int status = build_thompson(grammar, item, state_limit, seconds, item_nfa, caches);
       if (status != 0) return status;
-      DeterminizeResult dfa;
-      if (item.call_rule.empty() && determinize_nfa(item, kMinimizedStates, dfa) == 0)
-        minimal = minimal_dfa(dfa);
+      DeterminizeResult determinized;
+      if (item_nfa.call_rule.empty() && determinize_nfa(item_nfa, kMinimizedStates, determinized) == 0)
+        minimal = minimal_dfa(determinized);
       if (shareable) {
         std::lock_guard<std::mutex> lock(shared.mutex);
         if (shared.dfas.size() >= kSharedMinimalEntries) shared.dfas.clear();
         shared.dfas.emplace(std::move(key), minimal);
       }
     }
-    known = dfas.emplace(grammar.a[node], std::move(minimal)).first;
+    known = dfas.emplace(item, std::move(minimal)).first;
   }
-  const MinimalDfa* dfa = known->second.get();
+  dfa = known->second.get();
+  return 0;
+}
+
+template <typename NewState>
+int build_minimized(const FlatGrammar& grammar, int32_t node, int32_t start, int32_t end,
+                    int64_t state_limit, double seconds, NewState new_state, ThompsonNfa& nfa,
+                    ItemCaches& caches) {
+  const MinimalDfa* dfa = nullptr;
+  const int status = minimized_item_dfa(grammar, grammar.a[node], state_limit, seconds, caches, dfa);
+  if (status != 0) return status;
   if (dfa == nullptr) return 1;
   std::vector<int32_t> state_of(dfa->states);
   for (auto& state : state_of) state = new_state();
