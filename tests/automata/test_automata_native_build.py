@@ -295,6 +295,22 @@ def test_native_nfa_limit_is_an_error() -> None:
     assert caught.value.limit == "nfa_states"
 
 
+def test_a_rule_past_the_nfa_limit_is_refused_at_compile_even_where_rules_wait() -> None:
+    # r0 is called and inlines `big`, whose NFA is far past the limit: the state bound
+    # (10^7 copies of a bound near 2^40, saturated, not wrapped into a small number) keeps
+    # r0 from waiting for its first state, so the compile names it, as the eager build does.
+    count = 10**7
+    big = Repeat(Repeat(Repeat(Literal(b"a"), 0, count), 0, count), 0, count)
+    rules = {
+        "root": Sequence((Literal(b"x"), RuleReference("r0"))),
+        "r0": Sequence((Literal(b"y"), RuleReference("big"))),
+        "big": big,
+    }
+    grammar = Grammar(rules, "root", called_rules=frozenset({"r0"}))
+    with pytest.raises(AutomatonLimitError, match="more than 1000 NFA states \\(rule 'r0'"):
+        build_pushdown(grammar, nfa_state_limit=1000)
+
+
 def test_native_dfa_limit_bounds_the_states_made() -> None:
     # (a|b)*a(a|b){12} needs 2^13 DFA states: the build makes the start only, a text makes
     # a state per byte at most, and making them all passes the limit: an error, and the

@@ -536,7 +536,7 @@ def recursive_rule_indices(
     const uint8_t[::1] rule_called,
 ):
     """The rule indices (sorted) whose bodies reach themselves through references, directly
-    or through other rules (``lazy_build.hpp``'s ``recursive_rules``), the GIL released.
+    or through other rules (``rule_graph.hpp``'s ``recursive_rules``), the GIL released.
     Costs O(distinct nodes x rules) for the references, O(rules + references) for the rest."""
     cdef FlatGrammar grammar = _flat_grammar(
         kind, a, b, c, children, data, range_pairs, rule_root, rule_called

@@ -322,7 +322,7 @@ class LazyAutomaton {
   // Lazy: each rule's trimmed NFA, then state 0 made from `start_rule`'s NFA start. A rule
   // whose NFA has no states is made by `make_rule` the first time a state of it is (under
   // the mutex: the walks that meet the new states wait); a failed make fails the automaton
-  // as its capacity does. Returns 0 or kStateLimitExceeded.
+  // as its capacity does. Returns 0 or kStateLimitExceeded (the capacity, or a failed make).
   int start_from_rules(std::vector<RuleNfa> rules, int32_t start_rule, bool start_called,
                        RuleMaker make_rule = nullptr) {
     std::lock_guard<SpinMutex> guard(mutex_);
@@ -472,7 +472,8 @@ class LazyAutomaton {
 
   // The state of `rule` for the NFA states `targets` closed under epsilon edges (its key: the
   // important ones, sorted), found or made (mutex_ held; `targets` is overwritten). A made
-  // state waits in made_pending_ for complete_made. -1 past the capacity.
+  // state waits in made_pending_ for complete_made. -1 past the capacity, or when the
+  // rule's NFA cannot be made (the automaton has failed then).
   int32_t intern(int32_t rule, std::vector<int32_t>& targets) {
     if (rules_[rule].states == 0 && !make_rule_now(rule)) return -1;
     const RuleNfa& nfa = rules_[rule];
@@ -539,7 +540,15 @@ class LazyAutomaton {
   // Makes rule `rule`'s NFA (mutex_ held; rules_ never grows, so the NFAs in use stay put).
   // False, the automaton failed, when there is no maker or the make fails.
   bool make_rule_now(int32_t rule) {
-    if (!make_rule_ || make_rule_(rule, rules_[rule]) != 0 || rules_[rule].states == 0) {
+    int status = -1;
+    if (make_rule_) {
+      try {
+        status = make_rule_(rule, rules_[rule]);
+      } catch (const std::bad_alloc&) {  // a failed automaton, not a state made half-way
+        status = -1;
+      }
+    }
+    if (status != 0 || rules_[rule].states == 0) {
       rules_[rule] = RuleNfa();
       failed_.store(true, std::memory_order_release);
       return false;
@@ -551,8 +560,8 @@ class LazyAutomaton {
 
   // Metadata of the states made since the last call (mutex_ held): accepting, byte edges,
   // the calls grouped by callee rule (its start state made, the return state made), then
-  // the size published. A call whose states cannot be made (the capacity) is left out: the
-  // automaton has failed then, and every caller says so.
+  // the size published. A call whose states cannot be made (the capacity, a rule's NFA that
+  // cannot be made) is left out: the automaton has failed then, and every caller says so.
   void complete_made() {
     while (!made_pending_.empty()) {
       const int32_t state = made_pending_.back();

@@ -137,6 +137,11 @@ inline std::vector<int64_t> nfa_state_bounds(const FlatGrammar& grammar, int32_t
   const int32_t nodes = grammar.node_count;
   std::vector<int64_t> bound(nodes, 0);
   auto cap = [](int64_t value) { return std::min(value, kMost); };
+  // count x each, saturated: a repetition's count goes to 2^31 and a bound to 2^40, whose
+  // product would wrap past int64 (and read as a small rule).
+  auto times = [](int64_t count, int64_t each) {
+    return count > 0 && each > kMost / count ? kMost : count * each;
+  };
   for (int32_t pass = 0; pass < rule_count + 2; ++pass) {
     bool changed = false;
     for (int32_t node = 0; node < nodes; ++node) {
@@ -152,7 +157,7 @@ inline std::vector<int64_t> nfa_state_bounds(const FlatGrammar& grammar, int32_t
           break;
         case 4: {
           const int64_t copies = static_cast<int64_t>(b) + (c < 0 ? 1 : c - b);
-          states = cap(2 + copies * (bound[a] + 1));
+          states = cap(2 + times(copies, bound[a] + 1));
           break;
         }
         case 5:
@@ -161,7 +166,7 @@ inline std::vector<int64_t> nfa_state_bounds(const FlatGrammar& grammar, int32_t
         case 6: {
           int64_t name_bytes = 0;
           for (int32_t k = b; k < c; k += 2) name_bytes += grammar.children[k + 1] - grammar.children[k];
-          states = cap(2 + (name_bytes + 2) * item_states[node]);
+          states = cap(2 + times(name_bytes + 2, item_states[node]));
           break;
         }
         case 7:
@@ -248,54 +253,79 @@ inline bool has_cycle(const std::vector<std::vector<int32_t>>& edges) {
 }
 
 // Whether the rules other than the start may be built when first needed, with no failure
-// later: the IR says every rule callable from `start` surely derives a string and no rule
-// calls itself before reading a byte (ir_facts.hpp), and the Except and Minimized items'
-// automata build (made here into `caches`, where the rules' builds find them). Then the
+// later: the facts above say every rule callable from `start` surely derives a string and
+// no rule calls itself before reading a byte, and the items of those rules' Except and
+// Minimized nodes build, each within the time `left()` (made here into `caches`, where
+// the rules' builds find them). Then the
 // eager build would trim no call and refuse nothing. Sets `seen` to the rules the start's
 // references reach (through inlined ones too), `build_now` to those of them whose NFA may
 // pass `nfa_limit` (nfa_state_bounds: counted without the build's sharing, the bound of a
 // rule of nested shared items can be far above its NFA), and `start_called` to whether one
 // of them references the start (more than the NFAs' calls: it only adds checks).
 // Costs O(passes x nodes + rules x nodes) and the item automata.
-inline bool is_lazy_buildable(const FlatGrammar& grammar, int32_t rule_count, int32_t start,
-                              int64_t nfa_limit, double seconds, ItemCaches& caches,
-                              std::vector<uint8_t>& seen, std::vector<int32_t>& build_now,
-                              bool& start_called) {
+template <typename SecondsLeft>
+bool is_lazy_buildable(const FlatGrammar& grammar, int32_t rule_count, int32_t start,
+                       int64_t nfa_limit, SecondsLeft left, ItemCaches& caches,
+                       std::vector<uint8_t>& seen, std::vector<int32_t>& build_now,
+                       bool& start_called) {
   const IrFacts facts = ir_facts(grammar, rule_count);
   if (!facts.converged) return false;
-  std::vector<int64_t> item_states(grammar.node_count, 0);
-  for (int32_t node = 0; node < grammar.node_count; ++node) {
-    const int32_t item = grammar.a[node];
-    if (grammar.kind[node] == 6) {
-      const DeterminizeResult* dfa = nullptr;
-      if (except_item_dfa(grammar, item, nfa_limit, seconds, caches, dfa) != 0) return false;
-      item_states[node] = dfa->states;
-    } else if (grammar.kind[node] == 7) {
-      const MinimalDfa* dfa = nullptr;
-      if (minimized_item_dfa(grammar, item, nfa_limit, seconds, caches, dfa) != 0) return false;
-      item_states[node] = dfa == nullptr ? -1 : dfa->states;
-    }
-  }
-  const auto bounds = nfa_state_bounds(grammar, rule_count, item_states);
-  if (bounds.empty()) return false;
   const auto references = rule_references(grammar, grammar.node_count, rule_count);
   seen.assign(rule_count, 0);
-  build_now.clear();
   std::vector<int32_t> pending{start};
   seen[start] = 1;
   start_called = false;
   while (!pending.empty()) {
     const int32_t rule = pending.back();
     pending.pop_back();
-    const int32_t root = grammar.rule_root[rule];
-    if (rule == start || grammar.rule_called[rule]) {
-      if (!facts.productive[root]) return false;
-      if (rule != start && bounds[root] + 2 >= nfa_limit) build_now.push_back(rule);
-    }
     for (int32_t callee : references[rule]) {
       start_called |= callee == start && grammar.rule_called[start];
       if (!seen[callee]) seen[callee] = 1, pending.push_back(callee);
     }
+  }
+  // The nodes of those rules' bodies: only their items are built here (an inlined
+  // reference's body is a rule of `seen`, walked in its turn).
+  std::vector<uint8_t> reached(grammar.node_count, 0);
+  for (int32_t rule = 0; rule < rule_count; ++rule) {
+    if (!seen[rule] || reached[grammar.rule_root[rule]]) continue;
+    pending.assign(1, grammar.rule_root[rule]);
+    reached[grammar.rule_root[rule]] = 1;
+    while (!pending.empty()) {
+      const int32_t node = pending.back();
+      pending.pop_back();
+      auto visit = [&](int32_t child) {
+        if (!reached[child]) reached[child] = 1, pending.push_back(child);
+      };
+      const int8_t kind = grammar.kind[node];
+      if (kind == 2 || kind == 3)
+        for (int32_t k = grammar.a[node]; k < grammar.b[node]; ++k) visit(grammar.children[k]);
+      else if (kind == 4 || kind == 6 || kind == 7)
+        visit(grammar.a[node]);
+    }
+  }
+  std::vector<int64_t> item_states(grammar.node_count, 0);
+  for (int32_t node = 0; node < grammar.node_count; ++node) {
+    if (!reached[node] || (grammar.kind[node] != 6 && grammar.kind[node] != 7)) continue;
+    if (left() <= 0) return false;  // the eager build says out of time
+    const int32_t item = grammar.a[node];
+    if (grammar.kind[node] == 6) {
+      const DeterminizeResult* dfa = nullptr;
+      if (except_item_dfa(grammar, item, nfa_limit, left(), caches, dfa) != 0) return false;
+      item_states[node] = dfa->states;
+    } else if (grammar.kind[node] == 7) {
+      const MinimalDfa* dfa = nullptr;
+      if (minimized_item_dfa(grammar, item, nfa_limit, left(), caches, dfa) != 0) return false;
+      item_states[node] = dfa == nullptr ? -1 : dfa->states;
+    }
+  }
+  const auto bounds = nfa_state_bounds(grammar, rule_count, item_states);
+  if (bounds.empty()) return false;
+  build_now.clear();
+  for (int32_t rule = 0; rule < rule_count; ++rule) {
+    const int32_t root = grammar.rule_root[rule];
+    if (!seen[rule] || !(rule == start || grammar.rule_called[rule])) continue;
+    if (!facts.productive[root]) return false;
+    if (rule != start && bounds[root] + 2 >= nfa_limit) build_now.push_back(rule);
   }
   return !has_cycle(left_calls(grammar, rule_count, facts.nullable));
 }

@@ -36,9 +36,11 @@ constexpr int kMalformed = -8;
 struct LazyBuildResult {
   std::shared_ptr<LazyAutomaton> automaton;
   std::vector<int32_t> cycle;  // the left-recursive path, for kLeftRecursion
-  std::vector<int32_t> rule_order;  // the productive rules built: the start, then by index
+  // The rules the automaton may have states of: the start, then by index (the productive
+  // rules built; where rules wait to be built, the called rules the start's references reach).
+  std::vector<int32_t> rule_order;
   int32_t failed_rule = -1;
-  int32_t nfa_states = 0;  // of the last rule built (of the failing one on an error)
+  int32_t nfa_states = 0;  // of the last rule built now (of the failing one on an error)
   int64_t total_nfa_states = 0;
 };
 
@@ -473,15 +475,15 @@ constexpr int kBuildEagerly = 1;  // build_start_only: a rule of `build_now` fai
 // the `reachable` called rules by index (those the NFAs call among them). Returns 0, the
 // start's build status, kStateLimitExceeded, or kBuildEagerly when a rule of `build_now`
 // fails (the eager build then says which rule, as one thread's discovery meets them).
-inline int build_start_only(const FlatGrammar& grammar, int32_t rule_count, int32_t start,
-                            int64_t nfa_limit, int32_t capacity, int32_t stack_limit,
-                            double seconds, bool start_called, ItemCaches& caches,
-                            const std::vector<uint8_t>& reachable,
-                            const std::vector<int32_t>& build_now, LazyBuildResult& result) {
+template <typename SecondsLeft>
+int build_start_only(const FlatGrammar& grammar, int32_t rule_count, int32_t start,
+                     int64_t nfa_limit, int32_t capacity, int32_t stack_limit, SecondsLeft left,
+                     bool start_called, ItemCaches& caches, const std::vector<uint8_t>& reachable,
+                     const std::vector<int32_t>& build_now, LazyBuildResult& result) {
   std::vector<RuleNfa> nfas(rule_count);
   const std::vector<uint8_t> productive(rule_count, 1);
   RuleBuild build;
-  build_rule(grammar, start, nfa_limit, seconds, caches, build);
+  build_rule(grammar, start, nfa_limit, left(), caches, build);
   result.nfa_states = build.states;
   result.total_nfa_states = build.states;
   if (build.status != 0) {
@@ -491,7 +493,7 @@ inline int build_start_only(const FlatGrammar& grammar, int32_t rule_count, int3
   nfas[start] = trim_nfa(std::move(build.nfa), productive);
   for (int32_t rule : build_now) {
     RuleBuild now;
-    build_rule(grammar, rule, nfa_limit, seconds, caches, now);
+    build_rule(grammar, rule, nfa_limit, left(), caches, now);
     if (now.status != 0) return kBuildEagerly;
     result.total_nfa_states += now.states;
     nfas[rule] = trim_nfa(std::move(now.nfa), productive);
@@ -521,10 +523,10 @@ inline int build_lazy_automaton(const FlatGrammar& grammar, int32_t rule_count, 
     ItemCaches caches;
     std::vector<uint8_t> reachable;
     std::vector<int32_t> build_now;
-    if (is_lazy_buildable(grammar, rule_count, start, nfa_limit, left(), caches, reachable,
+    if (is_lazy_buildable(grammar, rule_count, start, nfa_limit, left, caches, reachable,
                           build_now, start_called)) {
       const int status = build_start_only(grammar, rule_count, start, nfa_limit, capacity,
-                                          stack_limit, left(), start_called, caches, reachable,
+                                          stack_limit, left, start_called, caches, reachable,
                                           build_now, result);
       if (status != kBuildEagerly) return status;
       result = LazyBuildResult();

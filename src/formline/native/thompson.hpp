@@ -224,11 +224,6 @@ class NameTrieBuilder {
   std::vector<int32_t> last_child_{-1};
 };
 
-// Paths start -> end spelling the strings of an Except node (kind 6): its item's DFA read in
-// step with the excluded names' trie, a path accepted where the DFA accepts and the trie is
-// left or at a node where no name ends. Each (DFA state, trie node) pair met is one NFA
-// state; a trie node pairs with one DFA state, so at most trie nodes + DFA states. `dfas`
-// caches the item DFAs of this build (the object keys of one schema share one item).
 // The DFA of an Except's item node `item`, made once per build (`caches`): 0 with `dfa`
 // pointing at it, or the item build's status.
 inline int except_item_dfa(const FlatGrammar& grammar, int32_t item, int64_t state_limit,
@@ -249,6 +244,12 @@ inline int except_item_dfa(const FlatGrammar& grammar, int32_t item, int64_t sta
   return 0;
 }
 
+// Paths start -> end spelling the strings of an Except node (kind 6): its item's DFA read in
+// step with the excluded names' trie, a path accepted where the DFA accepts and the trie is
+// left or at a node where no name ends. Each (DFA state, trie node) pair met is one NFA
+// state; a trie node pairs with one DFA state, so at most trie nodes + DFA states (unless
+// the names' DAWG merged paths the DFA tells apart). `caches` holds the item DFAs of this
+// build (the object keys of one schema share one item).
 template <typename NewState>
 int build_except(const FlatGrammar& grammar, int32_t node, int32_t start, int32_t end,
                  int64_t state_limit, double seconds, NewState new_state, ThompsonNfa& nfa,
@@ -426,11 +427,6 @@ inline SharedMinimalDfas& shared_minimal_dfas() {
   return shared;
 }
 
-// Paths start -> end spelling a Minimized node's item (kind 7) through its minimal DFA: one
-// NFA state per block, entered from `start` by an epsilon (the DFA's start may be looped
-// back to, and `start` may be a sibling's too). Returns 0, a status of the item's build, or
-// 1 when the item is to be built as it stands (it calls a rule, or its DFA is large).
-// `caches` holds the minimal DFAs of this build (nullptr: built as it stands).
 // The minimal DFA of a Minimized node's item node `item`, made once per build (`caches`)
 // and shared between builds by the item's content: 0 with `dfa` pointing at it (nullptr:
 // the item is built as it stands), or the item build's status.
@@ -468,6 +464,11 @@ inline int minimized_item_dfa(const FlatGrammar& grammar, int32_t item, int64_t 
   return 0;
 }
 
+// Paths start -> end spelling a Minimized node's item (kind 7) through its minimal DFA: one
+// NFA state per block, entered from `start` by an epsilon (the DFA's start may be looped
+// back to, and `start` may be a sibling's too). Returns 0, a status of the item's build, or
+// 1 when the item is to be built as it stands (it calls a rule, or its DFA is large).
+// `caches` holds the minimal DFAs of this build (nullptr: built as it stands).
 template <typename NewState>
 int build_minimized(const FlatGrammar& grammar, int32_t node, int32_t start, int32_t end,
                     int64_t state_limit, double seconds, NewState new_state, ThompsonNfa& nfa,
