@@ -250,7 +250,8 @@ def compile_grammar(
             mask or step that would make one more raises it later.
         TypeError: ``grammar`` is not a :class:`Grammar` or ``vocabulary`` not a
             :class:`Vocabulary`.
-    Costs the rules' NFAs and the first mask (DFA states are made as walks reach them: about
+    Costs the start rule's NFA (or every rule's, where the others cannot wait for a state
+    that calls them) and the first mask (DFA states are made as walks reach them: about
     0.3 ms natively for a median MaskBench schema); a cached grammar costs a dictionary
     lookup, or one file read from the disk store.
     """

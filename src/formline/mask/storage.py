@@ -85,7 +85,7 @@ def deserialize(
     Raises:
         StoredGrammarError: not this format or version, another key or vocabulary, an array
             of the wrong type or shape, or an index out of range (nothing in it is trusted).
-    Costs the lazy build (the rules' NFAs).
+    Costs the lazy build (the start rule's NFA, or every rule's where the others cannot wait).
     """
     try:
         with np.load(io.BytesIO(data), allow_pickle=False) as arrays:
