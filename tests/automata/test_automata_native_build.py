@@ -210,6 +210,46 @@ def test_a_rule_is_built_when_a_step_first_enters_it() -> None:
     assert_same_automaton(grammar)
 
 
+def test_rules_made_by_two_threads_at_once_agree() -> None:
+    # Twelve called rules, each waiting for its first state: two threads read the same new
+    # automaton at once, in opposite orders (a row is expanded without the GIL, a rule's NFA
+    # made under the automaton's mutex), and both read the language one thread reads.
+    letters = "abcdefghijkl"
+    rules: dict[str, Node] = {
+        f"r{letter}": Sequence(
+            (Literal(b"<" + letter.encode()), Repeat(ByteSet(((48, 57),)), 0, None))
+        )
+        for letter in letters
+    }
+    rules["root"] = Choice(
+        tuple(
+            Sequence((Literal(letter.encode()), RuleReference(f"r{letter}"))) for letter in letters
+        )
+    )
+    grammar = Grammar(rules, "root", called_rules=frozenset(rules) - {"root"})
+    texts = [f"{x}<{y}{digits}".encode() for x in letters for y in letters for digits in ("", "42")]
+    expected = [text[0] == text[2] for text in texts]
+    for _ in range(20):
+        automaton = build_pushdown(grammar)
+        assert automaton.native.rules_built == 1
+        answers: dict[int, list[bool]] = {}
+        start = threading.Barrier(2)
+
+        def read(order: int, automaton=automaton, answers=answers, start=start) -> None:
+            start.wait()
+            ordered = texts if order == 0 else texts[::-1]
+            found = [automaton.matches(text) for text in ordered]
+            answers[order] = found if order == 0 else found[::-1]
+
+        workers = [threading.Thread(target=read, args=(order,)) for order in range(2)]
+        for worker in workers:
+            worker.start()
+        for worker in workers:
+            worker.join(timeout=60)
+        assert answers == {0: expected, 1: expected}
+        assert automaton.native.rules_built == 1 + len(letters)
+
+
 @given(trees(), trees())
 @settings(max_examples=100, deadline=None)
 def test_native_inlining_equals_the_python_builder(root, inlined) -> None:
