@@ -3,8 +3,9 @@
 // build makes at most, and whether no rule can call itself before reading a byte. Where
 // the answers allow it (234 of the MaskBench sample's 235 schemas of several rules), the
 // lazy build (lazy_build.hpp) builds the start rule's NFA now and each other rule's when a
-// DFA state first needs it: the NFAs of all callable rules were 65-85% of the native build
-// of MaskBench's largest schemas, and the start rule is 5-20% of their NFA states.
+// DFA state first needs it. The start rule is 5-20% of the NFA states of MaskBench's
+// largest schemas (expanded sizes), and building its NFA alone took their native build
+// (meltano, o65417, o41081, a loop of builds) from 1.72 to 0.36 ms each.
 // Otherwise the build takes every NFA as before, which finds the exact answer (the
 // unproductive rules it trims, the left recursion or the NFA limit it names, the Except
 // it refuses).
@@ -256,8 +257,8 @@ inline bool has_cycle(const std::vector<std::vector<int32_t>>& edges) {
 // later: the facts above say every rule callable from `start` surely derives a string and
 // no rule calls itself before reading a byte, and the items of those rules' Except and
 // Minimized nodes build, each within the time `left()` (made here into `caches`, where
-// the rules' builds find them). Then the
-// eager build would trim no call and refuse nothing. Sets `seen` to the rules the start's
+// the rules' builds find them). Then the eager build would trim no call and refuse
+// nothing. Sets `seen` to the rules the start's
 // references reach (through inlined ones too), `build_now` to those of them whose NFA may
 // pass `nfa_limit` (nfa_state_bounds: counted without the build's sharing, the bound of a
 // rule of nested shared items can be far above its NFA), and `start_called` to whether one
@@ -271,36 +272,24 @@ bool is_lazy_buildable(const FlatGrammar& grammar, int32_t rule_count, int32_t s
   const IrFacts facts = ir_facts(grammar, rule_count);
   if (!facts.converged) return false;
   const auto references = rule_references(grammar, grammar.node_count, rule_count);
-  seen.assign(rule_count, 0);
-  std::vector<int32_t> pending{start};
-  seen[start] = 1;
+  seen = rules_reached(references, start);
   start_called = false;
-  while (!pending.empty()) {
-    const int32_t rule = pending.back();
-    pending.pop_back();
-    for (int32_t callee : references[rule]) {
-      start_called |= callee == start && grammar.rule_called[start];
-      if (!seen[callee]) seen[callee] = 1, pending.push_back(callee);
-    }
-  }
+  for (int32_t rule = 0; rule < rule_count && grammar.rule_called[start]; ++rule)
+    start_called |= seen[rule] && std::binary_search(references[rule].begin(),
+                                                     references[rule].end(), start);
   // The nodes of those rules' bodies: only their items are built here (an inlined
   // reference's body is a rule of `seen`, walked in its turn).
   std::vector<uint8_t> reached(grammar.node_count, 0);
+  std::vector<int32_t> pending;
+  auto visit = [&](int32_t node) {
+    if (!reached[node]) reached[node] = 1, pending.push_back(node);
+  };
   for (int32_t rule = 0; rule < rule_count; ++rule) {
-    if (!seen[rule] || reached[grammar.rule_root[rule]]) continue;
-    pending.assign(1, grammar.rule_root[rule]);
-    reached[grammar.rule_root[rule]] = 1;
+    if (seen[rule]) visit(grammar.rule_root[rule]);
     while (!pending.empty()) {
       const int32_t node = pending.back();
       pending.pop_back();
-      auto visit = [&](int32_t child) {
-        if (!reached[child]) reached[child] = 1, pending.push_back(child);
-      };
-      const int8_t kind = grammar.kind[node];
-      if (kind == 2 || kind == 3)
-        for (int32_t k = grammar.a[node]; k < grammar.b[node]; ++k) visit(grammar.children[k]);
-      else if (kind == 4 || kind == 6 || kind == 7)
-        visit(grammar.a[node]);
+      for_each_child(grammar, node, visit);
     }
   }
   std::vector<int64_t> item_states(grammar.node_count, 0);
@@ -312,7 +301,7 @@ bool is_lazy_buildable(const FlatGrammar& grammar, int32_t rule_count, int32_t s
       const DeterminizeResult* dfa = nullptr;
       if (except_item_dfa(grammar, item, nfa_limit, left(), caches, dfa) != 0) return false;
       item_states[node] = dfa->states;
-    } else if (grammar.kind[node] == 7) {
+    } else {
       const MinimalDfa* dfa = nullptr;
       if (minimized_item_dfa(grammar, item, nfa_limit, left(), caches, dfa) != 0) return false;
       item_states[node] = dfa == nullptr ? -1 : dfa->states;

@@ -311,25 +311,15 @@ inline void build_rule(const FlatGrammar& grammar, int32_t rule, int64_t nfa_lim
   out.is_done = true;
 }
 
-// The rules a build from `start` may call, from the flat grammar: `start`, then every called
-// rule its references reach (through inlined rules too). A superset of what the NFAs call:
-// a reference inside an Except's item is refused, not called.
+// The rules a build from `start` may call, from the flat grammar: `start`, then by index
+// every called rule its references reach (through inlined rules too). A superset of what the
+// NFAs call: a reference inside an Except's item is refused, not called.
 inline std::vector<int32_t> callable_rules(const FlatGrammar& grammar, int32_t rule_count,
                                            int32_t start) {
-  const auto references = rule_references(grammar, grammar.node_count, rule_count);
-  std::vector<uint8_t> seen(rule_count, 0);
-  std::vector<int32_t> callable{start}, pending{start};
-  seen[start] = 1;
-  while (!pending.empty()) {
-    const int32_t rule = pending.back();
-    pending.pop_back();
-    for (int32_t callee : references[rule]) {
-      if (seen[callee]) continue;
-      seen[callee] = 1;
-      pending.push_back(callee);
-      if (grammar.rule_called[callee]) callable.push_back(callee);
-    }
-  }
+  const auto seen = rules_reached(rule_references(grammar, grammar.node_count, rule_count), start);
+  std::vector<int32_t> callable{start};
+  for (int32_t rule = 0; rule < rule_count; ++rule)
+    if (rule != start && seen[rule] && grammar.rule_called[rule]) callable.push_back(rule);
   return callable;
 }
 
@@ -449,10 +439,12 @@ class OwnedRuleSource {
   }
 
   // Rule `rule`'s NFA, trimmed (every callable rule is productive: ir_facts said so), into
-  // `nfa`. Returns 0 or the build's status. No clock: the rule is within the NFA limit.
-  int make(int32_t rule, RuleNfa& nfa) {
+  // `nfa`, within `seconds`; `states` is set to the states built. Returns 0 or the build's
+  // status. A rule made as decoding needs it has no clock: it is within the NFA limit.
+  int make(int32_t rule, RuleNfa& nfa, double seconds, int32_t& states) {
     RuleBuild build;
-    build_rule(grammar_, rule, nfa_limit_, 1e9, caches_, build);
+    build_rule(grammar_, rule, nfa_limit_, seconds, caches_, build);
+    states = build.states;
     if (build.status == 0) nfa = trim_nfa(std::move(build.nfa), productive_);
     return build.status;
   }
@@ -480,32 +472,29 @@ int build_start_only(const FlatGrammar& grammar, int32_t rule_count, int32_t sta
                      int64_t nfa_limit, int32_t capacity, int32_t stack_limit, SecondsLeft left,
                      bool start_called, ItemCaches& caches, const std::vector<uint8_t>& reachable,
                      const std::vector<int32_t>& build_now, LazyBuildResult& result) {
+  auto source = std::make_shared<OwnedRuleSource>(grammar, rule_count, nfa_limit, std::move(caches));
   std::vector<RuleNfa> nfas(rule_count);
-  const std::vector<uint8_t> productive(rule_count, 1);
-  RuleBuild build;
-  build_rule(grammar, start, nfa_limit, left(), caches, build);
-  result.nfa_states = build.states;
-  result.total_nfa_states = build.states;
-  if (build.status != 0) {
+  int32_t states = 0;
+  const int status = source->make(start, nfas[start], left(), states);
+  result.nfa_states = states;
+  result.total_nfa_states = states;
+  if (status != 0) {
     result.failed_rule = start;
-    return build.status;
+    return status;
   }
-  nfas[start] = trim_nfa(std::move(build.nfa), productive);
   for (int32_t rule : build_now) {
-    RuleBuild now;
-    build_rule(grammar, rule, nfa_limit, left(), caches, now);
-    if (now.status != 0) return kBuildEagerly;
-    result.total_nfa_states += now.states;
-    nfas[rule] = trim_nfa(std::move(now.nfa), productive);
+    if (source->make(rule, nfas[rule], left(), states) != 0) return kBuildEagerly;
+    result.total_nfa_states += states;
   }
   result.rule_order.push_back(start);
   for (int32_t rule = 0; rule < rule_count; ++rule)
     if (rule != start && reachable[rule] && grammar.rule_called[rule]) result.rule_order.push_back(rule);
-  auto source = std::make_shared<OwnedRuleSource>(grammar, rule_count, nfa_limit, std::move(caches));
   result.automaton = std::make_shared<LazyAutomaton>(capacity, stack_limit);
   return result.automaton->start_from_rules(
-      std::move(nfas), start, start_called,
-      [source](int32_t rule, RuleNfa& nfa) { return source->make(rule, nfa); });
+      std::move(nfas), start, start_called, [source](int32_t rule, RuleNfa& nfa) {
+        int32_t made = 0;
+        return source->make(rule, nfa, 1e9, made);
+      });
 }
 
 // The lazy automaton of `grammar` from rule `start`, at most `capacity` DFA states. Returns 0,

@@ -59,6 +59,19 @@ inline bool is_well_formed(const FlatGrammar& grammar, int32_t rule_count) {
   return true;
 }
 
+// Calls `visit(child)` for each IR child of `node` (a sequence's or choice's children, a
+// repetition's, Except's or Minimized node's item; a reference has none: its rule is not a
+// child).
+template <typename Visit>
+void for_each_child(const FlatGrammar& grammar, int32_t node, Visit visit) {
+  const int8_t kind = grammar.kind[node];
+  if (kind == 2 || kind == 3) {
+    for (int32_t k = grammar.a[node]; k < grammar.b[node]; ++k) visit(grammar.children[k]);
+  } else if (kind == 4 || kind == 6 || kind == 7) {
+    visit(grammar.a[node]);
+  }
+}
+
 // Per rule, the rules its body references (sorted, once each): the edges of the recursion
 // analysis. Costs O(rules x distinct nodes reached).
 inline std::vector<std::vector<int32_t>> rule_references(const FlatGrammar& grammar,
@@ -78,27 +91,30 @@ inline std::vector<std::vector<int32_t>> rule_references(const FlatGrammar& gram
           pending.push_back(child);
         }
       };
-      switch (grammar.kind[node]) {
-        case 2:
-        case 3:
-          for (int32_t k = grammar.a[node]; k < grammar.b[node]; ++k) visit(grammar.children[k]);
-          break;
-        case 4:
-        case 6:
-        case 7:
-          visit(grammar.a[node]);
-          break;
-        case 5:
-          found.push_back(grammar.a[node]);
-          break;
-        default:
-          break;
-      }
+      if (grammar.kind[node] == 5)
+        found.push_back(grammar.a[node]);
+      else
+        for_each_child(grammar, node, visit);
     }
     std::sort(found.begin(), found.end());
     found.erase(std::unique(found.begin(), found.end()), found.end());
   }
   return references;
+}
+
+// The rules `references` (rule_references') reach from `start`, `start` among them, as flags.
+inline std::vector<uint8_t> rules_reached(const std::vector<std::vector<int32_t>>& references,
+                                          int32_t start) {
+  std::vector<uint8_t> seen(references.size(), 0);
+  std::vector<int32_t> pending{start};
+  seen[start] = 1;
+  while (!pending.empty()) {
+    const int32_t rule = pending.back();
+    pending.pop_back();
+    for (int32_t callee : references[rule])
+      if (!seen[callee]) seen[callee] = 1, pending.push_back(callee);
+  }
+  return seen;
 }
 
 // The rules that reach themselves through references (their strongly connected component
