@@ -49,6 +49,16 @@ MERGES = [
     "bb",
 ]
 
+# JSON as llama.cpp's GBNF: objects, arrays, escapes and numbers, recursion through value.
+JSON_GBNF = r"""
+root ::= value
+value ::= object | array | string | number | "true" | "false" | "null"
+object ::= "{" ( string ":" value ( "," string ":" value )* )? "}"
+array ::= "[" ( value ( "," value )* )? "]"
+string ::= "\"" ( [^"\\\x00-\x1f] | "\\" ( ["\\/bfnrt] | "u" [0-9a-fA-F]{4} ) )* "\""
+number ::= "-"? ( "0" | [1-9] [0-9]* ) ( "." [0-9]+ )? ( [eE] [-+]? [0-9]+ )?
+"""
+
 
 def synthetic_vocabulary() -> Vocabulary:
     """EOS at 0, a special token at 1, all 256 single bytes, then multi-byte merges."""

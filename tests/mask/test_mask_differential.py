@@ -11,21 +11,13 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from helpers_mask import JSON_GBNF
 
 from formline.grammar import Grammar
 from formline.mask import GrammarMatcher, compile_grammar
 from formline.mask.reference import brute_force_allowed_ids
 from formline.vocab import Vocabulary
 from formline.vocab.fixtures import fixture_path
-
-JSON_GBNF = r"""
-root ::= value
-value ::= object | array | string | number | "true" | "false" | "null"
-object ::= "{" ( string ":" value ( "," string ":" value )* )? "}"
-array ::= "[" ( value ( "," value )* )? "]"
-string ::= "\"" ( [^"\\\x00-\x1f] | "\\" ( ["\\/bfnrt] | "u" [0-9a-fA-F]{4} ) )* "\""
-number ::= "-"? ( "0" | [1-9] [0-9]* ) ( "." [0-9]+ )? ( [eE] [-+]? [0-9]+ )?
-"""
 
 GRAMMARS = {
     "datetime": (

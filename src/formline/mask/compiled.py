@@ -41,6 +41,12 @@ from formline.vocab import Vocabulary
 DEFAULT_MASK_CACHE_BYTES = 64 << 20  # 4,096 masks of Qwen2's 4,748 words
 DEFAULT_STATE_CACHE_BYTES = 256 << 20
 STEP_CACHE_ENTRIES = 1 << 16  # (configuration, token) steps kept per compiled grammar
+# Sets of stack tops whose byte choices are kept (each a tuple of a few bytes): a schema's
+# closing searches meet a few hundred; past this many the old ones are dropped at once.
+BYTE_CHOICE_ENTRIES = 1 << 14
+# Shortest completions kept per compiled grammar (each at most 512 bytes): vLLM's 72
+# extraction-dev requests asked 2,145 times from 53 configurations.
+COMPLETION_ENTRIES = 1 << 12
 Step = tuple[frozenset[Stack], bool] | None
 
 
@@ -94,6 +100,37 @@ class LiveBytes:
         return known
 
 
+class ByteChoices:
+    """``byte_choices[tops]``: the bytes worth trying next from a configuration whose stack
+    tops are the states ``tops``. Two bytes that move every state of ``tops`` to the same
+    states lead to the same configuration (a step reads only the tops' rows:
+    :meth:`PushdownAutomaton.step`), so of each such group of live bytes only the smallest is
+    kept, in ascending order: a search that tries these in order finds what it would find
+    trying every live byte. Inside a JSON string 220 live bytes are 5 choices, and the closing
+    search's 40 µs a row a step (vLLM's extraction-dev run) came from trying each.
+    Computed once per set of tops (one numpy pass over their rows), at most
+    :data:`BYTE_CHOICE_ENTRIES` kept."""
+
+    def __init__(self, automaton: PushdownAutomaton):
+        self._automaton = automaton
+        self._known: dict[frozenset[int], tuple[int, ...]] = {}
+
+    def __getitem__(self, tops: frozenset[int]) -> tuple[int, ...]:
+        known = self._known.get(tops)
+        if known is None:
+            rows = np.stack(
+                [np.frombuffer(self._automaton.row(top), dtype=np.int32) for top in tops]
+            )
+            live = np.flatnonzero((rows >= 0).any(axis=0))
+            # The first of each distinct column is its group's smallest byte (live ascends).
+            _, first = np.unique(rows[:, live], axis=1, return_index=True)
+            known = tuple(sorted(live[first].tolist()))
+            if len(self._known) >= BYTE_CHOICE_ENTRIES:
+                self._known.clear()
+            self._known[tops] = known
+        return known
+
+
 @lru_cache(maxsize=64)
 def stop_tokens(eos_ids: tuple[int, ...], words: int) -> tuple[np.ndarray, np.ndarray]:
     """A vocabulary's stop tokens as read-only int32 ids and their mask words, made once per
@@ -132,9 +169,11 @@ class CompiledGrammar:
             self.table, automaton.native, self.eos_ids, self.state_cache_bytes, STEP_CACHE_ENTRIES
         )
         self.live_bytes = LiveBytes(automaton)
+        self.byte_choices = ByteChoices(automaton)
         self._mask_cache: OrderedDict[tuple[frozenset[Stack], bool], np.ndarray] = OrderedDict()
         self._mask_cache_entries = max(16, self.mask_cache_bytes // (4 * self.words))
         self._lock = threading.Lock()
+        self._completions: dict[tuple[frozenset[Stack], int], bytes | None] = {}
 
     def advance(self, stacks: frozenset[Stack], token_id: int) -> Step:
         """The closed configuration and ``can_end`` after reading token ``token_id`` (not a
@@ -171,6 +210,46 @@ class CompiledGrammar:
             self.check_status(stepped)
             return None
         return stepped
+
+    def shortest_completion(self, stacks: frozenset[Stack], max_bytes: int = 512) -> bytes | None:
+        """The shortest non-empty byte string after which the grammar can end, read from the
+        closed configuration ``stacks`` (``None`` when there is none within ``max_bytes``).
+        Breadth-first over configurations, each visited once, trying the bytes
+        :attr:`byte_choices` keeps (the smallest first, so ties go to the smallest bytes).
+
+        Raises:
+            ParserLimitError, AutomatonLimitError: as :meth:`advance_bytes`.
+        Costs a lookup for a configuration asked before (at most :data:`COMPLETION_ENTRIES`
+        kept: the closing policy asks at every step near a budget's end, and decoding comes
+        back to the same configurations), else O(configurations x byte choices): 0.1-0.3
+        ms for the extraction-dev schemas."""
+        key = (stacks, max_bytes)
+        if key in self._completions:
+            return self._completions[key]
+        completion = self._search_completion(stacks, max_bytes)
+        if len(self._completions) >= COMPLETION_ENTRIES:
+            self._completions.clear()
+        self._completions[key] = completion
+        return completion
+
+    def _search_completion(self, stacks: frozenset[Stack], max_bytes: int) -> bytes | None:
+        choices = self.byte_choices
+        frontier: list[tuple[frozenset[Stack], bytes]] = [(stacks, b"")]
+        seen = {stacks}
+        while frontier:
+            next_frontier: list[tuple[frozenset[Stack], bytes]] = []
+            for current, text in frontier:
+                for byte in choices[frozenset([stack[-1] for stack in current])]:
+                    result = self.advance_bytes(current, bytes((byte,)))
+                    if result is None or result[0] in seen:
+                        continue
+                    if result[1]:
+                        return text + bytes((byte,))
+                    seen.add(result[0])
+                    if len(text) + 1 < max_bytes:
+                        next_frontier.append((result[0], text + bytes((byte,))))
+            frontier = next_frontier
+        return None
 
     @property
     def vocabulary_size(self) -> int:
