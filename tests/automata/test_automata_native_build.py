@@ -210,6 +210,21 @@ def test_a_rule_is_built_when_a_step_first_enters_it() -> None:
     assert_same_automaton(grammar)
 
 
+def test_a_lazy_automaton_counts_what_it_keeps_to_make_its_waiting_rules() -> None:
+    # r0 waits until a state enters it; until then the automaton keeps the flat IR to make
+    # it from, its 20,800-byte literal included, and memory_bytes (what a compiler's cache
+    # bounded in bytes reads) says so: three DFA states' rows alone are about 3 KB.
+    text = bytes(range(97, 123)) * 800
+    rules = {
+        "root": Choice((Sequence((Literal(b"a"), RuleReference("r0"))), Literal(b"b"))),
+        "r0": Literal(text),
+    }
+    automaton = build_pushdown(Grammar(rules, "root", called_rules=frozenset({"r0"})))
+    assert automaton.native.rules_built == 1
+    assert automaton.memory_bytes() > len(text)
+    assert automaton.matches(b"a" + text) and automaton.native.rules_built == 2
+
+
 def test_rules_made_by_two_threads_at_once_agree() -> None:
     # Twelve called rules, each waiting for its first state: two threads read the same new
     # automaton at once, in opposite orders (a row is expanded without the GIL, a rule's NFA

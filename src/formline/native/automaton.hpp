@@ -129,6 +129,24 @@ struct RuleNfa {
   std::vector<uint8_t> important;
   int32_t classes[256] = {};  // byte -> class: bytes no edge tells apart, numbered in order
   int32_t class_count = 0;
+
+  size_t memory_bytes() const {
+    size_t words = 0;
+    for (const auto* part : {&edge_begin, &edge_low, &edge_high, &edge_target, &epsilon_begin,
+                             &epsilon_target, &call_begin, &call_rule, &call_target})
+      words += part->capacity();
+    return sizeof(RuleNfa) + words * sizeof(int32_t) + important.capacity();
+  }
+};
+
+// What makes the NFAs of the rules a lazy automaton was started without (lazy_build.hpp's
+// OwnedRuleSource), and what it holds to make them (a copy of the flat IR, the item automata).
+class RuleMaker {
+ public:
+  virtual ~RuleMaker() = default;
+  // Rule `rule`'s trimmed NFA into `nfa`: 0, or a build's failure status.
+  virtual int make_rule(int32_t rule, RuleNfa& nfa) = 0;
+  virtual size_t memory_bytes() const = 0;
 };
 
 // Mappings of large ZeroedArrays given back zeroed, kept for the next ones this thread makes.
@@ -308,23 +326,25 @@ class LazyAutomaton {
                                               [](const RuleNfa& nfa) { return nfa.states > 0; }));
   }
 
-  // Bytes held: rows, call lists, the NFA state sets and their index.
+  // Bytes held: rows, call lists, the NFA state sets and their index, the rules' NFAs and,
+  // while rules wait, what makes them (a lazy build's copy of the flat IR and item automata:
+  // uncounted, a cache bounded in bytes held more than it said).
   size_t memory_bytes() const {
     std::lock_guard<SpinMutex> guard(mutex_);
+    size_t rules = 0;
+    for (const auto& rule : rules_) rules += rule.memory_bytes();
     return static_cast<size_t>(size()) * (1024 + 24) + index_.memory_bytes() +
-           raw_index_.memory_bytes() + subsets_.capacity() * 12;
+           raw_index_.memory_bytes() + subsets_.capacity() * 12 + rules +
+           (make_rule_ ? make_rule_->memory_bytes() : 0);
   }
 
   // ------------------------------------------------------------------ building
-  // Makes a rule's trimmed NFA into its argument: 0, or a build's failure status.
-  using RuleMaker = std::function<int(int32_t rule, RuleNfa& nfa)>;
-
   // Lazy: each rule's trimmed NFA, then state 0 made from `start_rule`'s NFA start. A rule
   // whose NFA has no states is made by `make_rule` the first time a state of it is (under
   // the mutex: the walks that meet the new states wait); a failed make fails the automaton
   // as its capacity does. Returns 0 or kStateLimitExceeded (the capacity, or a failed make).
   int start_from_rules(std::vector<RuleNfa> rules, int32_t start_rule, bool start_called,
-                       RuleMaker make_rule = nullptr) {
+                       std::shared_ptr<RuleMaker> make_rule = nullptr) {
     std::lock_guard<SpinMutex> guard(mutex_);
     rules_ = std::move(rules);
     make_rule_ = std::move(make_rule);
@@ -543,7 +563,7 @@ class LazyAutomaton {
     int status = -1;
     if (make_rule_) {
       try {
-        status = make_rule_(rule, rules_[rule]);
+        status = make_rule_->make_rule(rule, rules_[rule]);
       } catch (const std::bad_alloc&) {  // a failed automaton, not a state made half-way
         status = -1;
       }
@@ -613,7 +633,7 @@ class LazyAutomaton {
   int32_t start_rule_ = 0;
   bool start_called_ = false;
   std::vector<RuleNfa> rules_;
-  RuleMaker make_rule_;  // the NFAs not given to start_from_rules (nullptr: all were)
+  std::shared_ptr<RuleMaker> make_rule_;  // the NFAs not given to start_from_rules (nullptr: all were)
   // By state: its important NFA states, (offset, count) in index_'s pool.
   std::vector<std::pair<int64_t, int32_t>> subsets_;
   KeyIndex index_;      // [rule, important NFA states] -> state

@@ -410,7 +410,7 @@ bool build_rules_ahead(const FlatGrammar& grammar, int32_t rule_count, int32_t s
 
 // The flattened IR, copied: what a lazy automaton builds its rules' NFAs from after the
 // caller's arrays are gone. With the item caches those builds share.
-class OwnedRuleSource {
+class OwnedRuleSource : public RuleMaker {
  public:
   OwnedRuleSource(const FlatGrammar& grammar, int32_t rule_count, int64_t nfa_limit,
                   ItemCaches&& caches)
@@ -447,6 +447,29 @@ class OwnedRuleSource {
     states = build.states;
     if (build.status == 0) nfa = trim_nfa(std::move(build.nfa), productive_);
     return build.status;
+  }
+
+  // A rule made as decoding first needs it: no clock, it is within the NFA limit.
+  int make_rule(int32_t rule, RuleNfa& nfa) override {
+    int32_t made = 0;
+    return make(rule, nfa, 1e9, made);
+  }
+
+  // The IR copy's arrays and the item automata (map nodes counted at 64 bytes).
+  size_t memory_bytes() const override {
+    size_t bytes = sizeof(*this) + kind_.capacity() + bytes_.capacity() +
+                   rule_called_.capacity() + productive_.capacity();
+    for (const auto* part : {&a_, &b_, &c_, &children_, &range_pairs_, &rule_root_})
+      bytes += part->capacity() * sizeof(int32_t);
+    for (const auto& [node, dfa] : caches_.except_dfas)
+      bytes += 64 + (dfa.classes.capacity() + dfa.rows.capacity() + dfa.call_begin.capacity() +
+                     dfa.call_rule.capacity() + dfa.call_target.capacity()) *
+                        sizeof(int32_t) +
+               dfa.accepting.capacity();
+    for (const auto& [node, dfa] : caches_.minimal_dfas)
+      if (dfa) bytes += 64 + sizeof(MinimalDfa) + dfa->rows.capacity() * sizeof(int32_t) +
+                        dfa->accepting.capacity();
+    return bytes;
   }
 
  private:
@@ -490,11 +513,7 @@ int build_start_only(const FlatGrammar& grammar, int32_t rule_count, int32_t sta
   for (int32_t rule = 0; rule < rule_count; ++rule)
     if (rule != start && reachable[rule] && grammar.rule_called[rule]) result.rule_order.push_back(rule);
   result.automaton = std::make_shared<LazyAutomaton>(capacity, stack_limit);
-  return result.automaton->start_from_rules(
-      std::move(nfas), start, start_called, [source](int32_t rule, RuleNfa& nfa) {
-        int32_t made = 0;
-        return source->make(rule, nfa, 1e9, made);
-      });
+  return result.automaton->start_from_rules(std::move(nfas), start, start_called, source);
 }
 
 // The lazy automaton of `grammar` from rule `start`, at most `capacity` DFA states. Returns 0,
