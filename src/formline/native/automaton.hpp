@@ -584,8 +584,11 @@ class LazyAutomaton {
   // cannot be made) is left out: the automaton has failed then, and every caller says so.
   void complete_made() {
     while (!made_pending_.empty()) {
-      const int32_t state = made_pending_.back();
-      made_pending_.pop_back();
+      // Taken off the list only once complete: a bad_alloc part-way (a vector below, a
+      // rule's NFA made by intern) leaves it pending, completed again by the next call, not
+      // a state without its flags and calls. The states interned meanwhile come after it.
+      const size_t position = made_pending_.size() - 1;
+      const int32_t state = made_pending_[position];
       const RuleNfa& nfa = rules_[rule_[state]];
       bool accepting = false, bytes = false;
       by_rule_.clear();
@@ -615,6 +618,7 @@ class LazyAutomaton {
       }
       set_calls(state, callees.data(), returns.data(), static_cast<int32_t>(callees.size()));
       finish_flags(state);
+      made_pending_.erase(made_pending_.begin() + static_cast<std::ptrdiff_t>(position));
     }
     size_.store(made_, std::memory_order_release);
   }
