@@ -478,6 +478,40 @@ def test_the_memory_cache_is_bounded_in_bytes() -> None:
     assert cache.compile(Grammar.from_regex("x0[a-z]{1,30}"), VOCABULARY) is not compiled[0]
 
 
+def test_a_store_measures_a_few_entries_not_every_one() -> None:
+    # 400 derived values in a cache that never fills: a full count at every store measured
+    # 80,200 sizes (each compile O(entries)); one every entries / 8 stores, a few per store.
+    measured = [0]
+
+    def size_of(value: int) -> int:
+        measured[0] += 1
+        return 100
+
+    cache = CompileCache(cache_limit_bytes=10**9, disk_cache=False)
+    for k in range(400):
+        assert cache.memoize(("derived", k), lambda k=k: k, size_of) == k
+    assert 400 <= measured[0] <= 400 * 10
+    assert cache.memory_bytes() == 400 * 100
+
+
+def test_entries_that_grew_after_storing_are_dropped_within_an_eighth_of_the_stores() -> None:
+    sizes: dict[int, int] = {}
+
+    def store(k: int) -> None:
+        sizes[k] = 1_000
+        cache.memoize(("derived", k), lambda: k, sizes.__getitem__)
+
+    cache = CompileCache(cache_limit_bytes=100_000, disk_cache=False)
+    for k in range(64):
+        store(k)
+    for k in range(64):
+        sizes[k] = 4_000  # each grew to 4 KB after it was stored: 256 KB in all
+    for k in range(64, 64 + 80 // 8 + 1):
+        store(k)
+    assert cache.memory_bytes() <= 100_000
+    assert cache.memoize(("derived", 0), lambda: -1, lambda _: 0) == -1  # dropped
+
+
 def test_the_disk_store_evicts_the_least_recently_used(tmp_path) -> None:
     cache = CompileCache(disk_cache=tmp_path, disk_limit_bytes=10**9)
     for k in range(5):
