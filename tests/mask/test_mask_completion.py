@@ -13,11 +13,14 @@ import pytest
 from helpers_mask import JSON_GBNF, synthetic_vocabulary
 
 from formline import GrammarCompiler
+from formline.automata import AutomatonLimitError
 from formline.grammar import Grammar
+from formline.grammar.budget import CompileBudget
 from formline.mask import GrammarMatcher
 from formline.mask import compiled as compiled_module
 from formline.mask.compiled import CompiledGrammar
 from formline.parser.pushdown import Stack
+from formline.vocab import Vocabulary
 
 # Two recursive rules behind one choice: after "((" the configuration holds a stack in each.
 AMBIGUOUS_GBNF = r"""
@@ -129,6 +132,33 @@ def test_byte_choices_reach_what_every_live_byte_reaches(name: str) -> None:
             fewer += len(choices) < len(live)
     if name in ("json", "schema"):
         assert fewer > 0  # a string's characters: one choice for them all
+
+
+def test_a_configuration_without_stacks_has_no_completion() -> None:
+    compiled, _ = compiled_cases()["regex"]
+    assert compiled.byte_choices[frozenset()] == ()
+    assert compiled.shortest_completion(frozenset()) is None
+
+
+def test_a_failed_automaton_refuses_a_remembered_completion_too() -> None:
+    # "y" ends the start at once (remembered); after "x" a mask needs 2^12 of the other
+    # branch's states, past the limit: the automaton fails, and every search says so after.
+    words = [b""]
+    for _ in range(11):
+        words = [word + letter for word in words for letter in (b"a", b"b")] + words
+    vocabulary = Vocabulary.from_list([b"<eos>", b"x", b"y", *sorted(set(words) - {b""})], [0])
+    compiler = GrammarCompiler(vocabulary, disk_cache=False)
+    compiled = compiler.compile_grammar(
+        Grammar.from_regex(r"x(a|b)*a(a|b){20}|y"), budget=CompileBudget(dfa_states=2000)
+    )
+    start = GrammarMatcher(compiled)
+    assert start.shortest_completion() == b"y"
+    failing = GrammarMatcher(compiled)
+    assert failing.accept_string("x")
+    with pytest.raises(AutomatonLimitError):
+        failing.next_token_mask_words()
+    with pytest.raises(AutomatonLimitError):
+        start.shortest_completion()
 
 
 def test_completions_stay_right_when_the_memory_of_them_is_cleared(

@@ -48,6 +48,7 @@ BYTE_CHOICE_ENTRIES = 1 << 14
 # extraction-dev requests asked 2,145 times from 53 configurations.
 COMPLETION_ENTRIES = 1 << 12
 Step = tuple[frozenset[Stack], bool] | None
+_UNKNOWN = object()  # a completion not searched yet (None is an answer: there is none)
 
 
 def token_table(vocabulary: Vocabulary) -> NativeTokenTable:
@@ -118,6 +119,8 @@ class ByteChoices:
     def __getitem__(self, tops: frozenset[int]) -> tuple[int, ...]:
         known = self._known.get(tops)
         if known is None:
+            if not tops:
+                return ()
             rows = np.stack(
                 [np.frombuffer(self._automaton.row(top), dtype=np.int32) for top in tops]
             )
@@ -223,9 +226,13 @@ class CompiledGrammar:
         kept: the closing policy asks at every step near a budget's end, and decoding comes
         back to the same configurations), else O(configurations x byte choices): 0.1-0.3
         ms for the extraction-dev schemas."""
+        if self.automaton.native.failed:  # as advance_bytes would say, remembered or not
+            raise state_limit_error(self.automaton.native.capacity)
         key = (stacks, max_bytes)
-        if key in self._completions:
-            return self._completions[key]
+        # One lookup: a membership test then an index could meet another thread's clear().
+        known = self._completions.get(key, _UNKNOWN)
+        if known is not _UNKNOWN:
+            return known  # type: ignore[return-value]
         completion = self._search_completion(stacks, max_bytes)
         if len(self._completions) >= COMPLETION_ENTRIES:
             self._completions.clear()

@@ -81,9 +81,11 @@ cdef extern from "kernel.hpp" namespace "formline" nogil:
     StepBuffers& step_buffers()
 
     cdef cppclass MaskKernel:
-        int fill(const int32_t* flat, int32_t flat_length, cpp_bool can_end, uint32_t* out)
+        # except +: a lazy automaton's row made here can run out of memory (MemoryError).
+        int fill(const int32_t* flat, int32_t flat_length, cpp_bool can_end,
+                 uint32_t* out) except +
         int advance(const int32_t* flat, int32_t flat_length, const uint8_t* data,
-                    int32_t length, Config& out)
+                    int32_t length, Config& out) except +
         KernelStatistics statistics()
         cpp_bool is_walked(int32_t state)
 

@@ -326,9 +326,9 @@ class LazyAutomaton {
                                               [](const RuleNfa& nfa) { return nfa.states > 0; }));
   }
 
-  // Bytes held: rows, call lists, the NFA state sets and their index, the rules' NFAs and,
-  // while rules wait, what makes them (a lazy build's copy of the flat IR and item automata:
-  // uncounted, a cache bounded in bytes held more than it said).
+  // Bytes held: rows, call lists, the NFA state sets and their index, the rules' NFAs and
+  // what makes the waiting ones (a lazy build's copy of the flat IR and item automata, kept
+  // for the automaton's life; its minimal DFAs, shared between builds, counted in each).
   size_t memory_bytes() const {
     std::lock_guard<SpinMutex> guard(mutex_);
     size_t rules = 0;
