@@ -6,6 +6,7 @@ FastAPI and uvicorn are imported only when the command runs (``pip install forml
 from __future__ import annotations
 
 import argparse
+import gc
 import logging
 from pathlib import Path
 from typing import Any
@@ -98,9 +99,22 @@ def run_serve(arguments: argparse.Namespace) -> int:
         arguments.served_model_name, arguments.tool_format,
     )  # fmt: skip
     app = create_app(engine, arguments.api_key)
+    freeze_startup_objects()
     print(
         f"formline serve: {engine.model_id} on http://{arguments.host}:{arguments.port}/v1 "
         f"(tool calls: {engine.tool_format.name})"
     )
     uvicorn.run(app, host=arguments.host, port=arguments.port, log_level=arguments.log_level)
     return 0
+
+
+def freeze_startup_objects() -> None:
+    """Move every object alive now (the model's, the libraries', the app's) out of the
+    garbage collector's scans, as Python's ``gc.freeze`` documentation suggests for a
+    long-lived process: they live as long as the server, and every full collection walked
+    them during requests, 28 ms on the embedded model's llama.cpp engine (94,682 objects)
+    and 180 ms with a transformers engine loaded too (473,872; an AMD EPYC), a pause on
+    whichever request's allocations triggered it. Objects made afterwards (requests,
+    compiled grammars) are collected as before. Costs one full collection, once."""
+    gc.collect()
+    gc.freeze()
