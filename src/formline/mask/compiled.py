@@ -107,8 +107,9 @@ class ByteChoices:
     states lead to the same configuration (a step reads only the tops' rows:
     :meth:`PushdownAutomaton.step`), so of each such group of live bytes only the smallest is
     kept, in ascending order: a search that tries these in order finds what it would find
-    trying every live byte. Inside a JSON string 220 live bytes are 5 choices, and the closing
-    search's 40 µs a row a step (vLLM's extraction-dev run) came from trying each.
+    trying every live byte. Inside a JSON string value 147 live bytes are 10 choices
+    (SmolLM2, extraction-dev's person schema), and the closing search's 40 µs a row a step
+    (vLLM's extraction-dev run, replayed) came from trying each.
     Computed once per set of tops (one numpy pass over their rows), at most
     :data:`BYTE_CHOICE_ENTRIES` kept."""
 
@@ -224,8 +225,8 @@ class CompiledGrammar:
             ParserLimitError, AutomatonLimitError: as :meth:`advance_bytes`.
         Costs a lookup for a configuration asked before (at most :data:`COMPLETION_ENTRIES`
         kept: the closing policy asks at every step near a budget's end, and decoding comes
-        back to the same configurations), else O(configurations x byte choices): 0.1-0.3
-        ms for the extraction-dev schemas."""
+        back to the same configurations), else O(configurations x byte choices): 0.12 ms
+        p50, 2.0 ms p90 at every seventh byte of the extraction-dev gold answers (SmolLM2)."""
         if self.automaton.native.failed:  # as advance_bytes would say, remembered or not
             raise state_limit_error(self.automaton.native.capacity)
         key = (stacks, max_bytes)

@@ -23,7 +23,6 @@
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
-#include <functional>
 #include <memory>
 #include <mutex>
 #include <new>
@@ -584,9 +583,9 @@ class LazyAutomaton {
   // cannot be made) is left out: the automaton has failed then, and every caller says so.
   void complete_made() {
     while (!made_pending_.empty()) {
-      // Taken off the list only once complete: a bad_alloc part-way (a vector below, a
-      // rule's NFA made by intern) leaves it pending, completed again by the next call, not
-      // a state without its flags and calls. The states interned meanwhile come after it.
+      // Taken off the list only once complete: a bad_alloc part-way (a vector below, or
+      // intern's tables) leaves it pending, completed again by the next call, not a state
+      // without its flags and calls. The states interned meanwhile come after it.
       const size_t position = made_pending_.size() - 1;
       const int32_t state = made_pending_[position];
       const RuleNfa& nfa = rules_[rule_[state]];

@@ -185,6 +185,13 @@ struct DeterminizeResult {
   std::vector<uint8_t> accepting;
   std::vector<int32_t> call_begin{0}, call_rule, call_target;
   int32_t states = 0;
+
+  size_t memory_bytes() const {
+    size_t words = 0;
+    for (const auto* part : {&classes, &rows, &call_begin, &call_rule, &call_target})
+      words += part->capacity();
+    return sizeof(DeterminizeResult) + words * sizeof(int32_t) + accepting.capacity();
+  }
 };
 
 inline int determinize(int32_t nfa_states, const int32_t* edge_begin, const int32_t* edge_low,

@@ -461,14 +461,9 @@ class OwnedRuleSource : public RuleMaker {
                    rule_called_.capacity() + productive_.capacity();
     for (const auto* part : {&a_, &b_, &c_, &children_, &range_pairs_, &rule_root_})
       bytes += part->capacity() * sizeof(int32_t);
-    for (const auto& [node, dfa] : caches_.except_dfas)
-      bytes += 64 + (dfa.classes.capacity() + dfa.rows.capacity() + dfa.call_begin.capacity() +
-                     dfa.call_rule.capacity() + dfa.call_target.capacity()) *
-                        sizeof(int32_t) +
-               dfa.accepting.capacity();
+    for (const auto& [node, dfa] : caches_.except_dfas) bytes += 64 + dfa.memory_bytes();
     for (const auto& [node, dfa] : caches_.minimal_dfas)
-      if (dfa) bytes += 64 + sizeof(MinimalDfa) + dfa->rows.capacity() * sizeof(int32_t) +
-                        dfa->accepting.capacity();
+      if (dfa) bytes += 64 + dfa->memory_bytes();
     return bytes;
   }
 

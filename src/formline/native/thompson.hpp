@@ -329,6 +329,10 @@ struct MinimalDfa {
   int32_t states = 0, start = 0;
   std::vector<int32_t> rows;  // states x class_count, -1: none
   std::vector<uint8_t> accepting;
+
+  size_t memory_bytes() const {
+    return sizeof(MinimalDfa) + rows.capacity() * sizeof(int32_t) + accepting.capacity();
+  }
 };
 
 constexpr int32_t kMinimizedStates = 4096;  // a larger item is built as it stands
