@@ -1,7 +1,9 @@
 """The flattened IR: the native flattening against the Python reference, the fingerprint
-built on it, and the errors of undefined references."""
+built on it, the errors of undefined references, and the nodes rebuilt from the arrays (a
+compact grammar's)."""
 
 import json
+import pickle
 from pathlib import Path
 
 import numpy as np
@@ -22,10 +24,13 @@ from formline.grammar.ir import (
     Repeat,
     RuleReference,
     Sequence,
+    expanded_size,
     flatten,
+    unflatten,
 )
 from formline.parser.pushdown import build_pushdown
-from formline.schema import SchemaError, schema_to_grammar
+from formline.schema import SchemaError
+from formline.schema.compiler import SchemaOptions, compile_to_grammar
 from formline.schema.numbers import number_node
 
 MASKBENCH = Path(__file__).resolve().parents[1] / "data" / "maskbench"
@@ -38,6 +43,13 @@ def assert_same_flat(rules: dict[str, Node]) -> None:
         assert np.array_equal(getattr(native, name), getattr(reference, name)), name
     assert native.rule_names == reference.rule_names
     assert native.roots == reference.roots
+
+
+def built_grammar(path: Path) -> Grammar:
+    """A MaskBench schema's grammar as the schema compiler builds it (``schema_to_grammar``
+    answers a compact one, whose nodes are rebuilt from the arrays, shared by value)."""
+    grammar, _ = compile_to_grammar(json.loads(path.read_text())["schema"], SchemaOptions())
+    return grammar
 
 
 def trees() -> st.SearchStrategy[Node]:
@@ -77,7 +89,7 @@ def test_native_flattening_equals_the_reference_on_maskbench() -> None:
     compared = 0
     for path in sorted(MASKBENCH.glob("*.json"))[::15]:
         try:
-            grammar, _ = schema_to_grammar(json.loads(path.read_text())["schema"])
+            grammar = built_grammar(path)
         except SchemaError:
             continue  # declined schemas: their errors are tested in tests/schema
         assert_same_flat(grammar.rules)
@@ -89,8 +101,7 @@ def test_native_flattening_equals_the_reference_past_its_indexes_first_size() ->
     # MaskBench's largest grammars: about 3,800 node objects and 1,600 distinct values, past
     # the 1,024 slots native/flat_index.hpp's indexes start with (they grow at half full).
     for name in ("JsonSchemaStore---meltano.schema", "Github_ultra---o41081"):
-        path = MASKBENCH / f"{name}.json"
-        grammar, _ = schema_to_grammar(json.loads(path.read_text())["schema"])
+        grammar = built_grammar(MASKBENCH / f"{name}.json")
         assert len(grammar.flat().kind) > 1_024
         assert_same_flat(grammar.rules)
 
@@ -161,3 +172,62 @@ def test_fingerprint_tells_grammars_apart_and_equal_ones_alike() -> None:
         ).fingerprint(),
     }
     assert len(fingerprints) == 8
+
+
+@given(trees(), trees())
+@settings(max_examples=200, deadline=None)
+def test_unflattening_gives_back_equal_rules_and_the_same_arrays(root, other) -> None:
+    rules = {"root": root, "other": other}
+    flat = flatten(rules)
+    rebuilt = unflatten(flat)
+    assert rebuilt == rules
+    assert [expanded_size(rebuilt[name]) for name in rules] == [
+        expanded_size(rules[name]) for name in rules
+    ]
+    again = flatten(rebuilt)
+    for name in FIELDS:
+        assert np.array_equal(getattr(again, name), getattr(flat, name)), name
+
+
+def test_a_compact_grammar_equals_its_original_and_rebuilds_its_rules() -> None:
+    for name in ("JsonSchemaStore---meltano.schema", "Github_ultra---o41081"):
+        grammar = built_grammar(MASKBENCH / f"{name}.json")
+        compact = grammar.compact()
+        assert compact == grammar and hash(compact) == hash(grammar)
+        assert compact.fingerprint() == grammar.fingerprint()
+        assert compact.start == grammar.start and compact.called_rules == grammar.called_rules
+        for rule in grammar.rules:
+            assert compact.rule_size(rule) == expanded_size(grammar.rules[rule])
+        assert compact.rules == grammar.rules
+        assert compact.rules is compact.rules  # rebuilt once, then kept by this object
+        # Shared by value now: as many distinct node objects as flat nodes.
+        distinct = {id(node) for body in compact.rules.values() for node in walk_all(body)}
+        assert len(distinct) == len(grammar.flat().kind) < count_objects(grammar)
+
+
+def walk_all(node: Node) -> list[Node]:
+    found, pending, seen = [], [node], set()
+    while pending:
+        current = pending.pop()
+        if id(current) not in seen:
+            seen.add(id(current))
+            found.append(current)
+            pending.extend(current.children())
+    return found
+
+
+def count_objects(grammar: Grammar) -> int:
+    return len({id(node) for body in grammar.rules.values() for node in walk_all(body)})
+
+
+def test_grammars_are_immutable_compared_by_value_and_pickled() -> None:
+    digits = Repeat(ByteSet(((48, 57),)), 1, None)
+    grammar = Grammar({"root": Sequence((Literal(b"n="), digits))}, source="n=[0-9]+")
+    with pytest.raises(AttributeError, match="immutable"):
+        grammar.start = "other"  # type: ignore[misc]
+    assert grammar != Grammar({"root": Sequence((Literal(b"n:"), digits))})
+    assert grammar == Grammar({"root": Sequence((Literal(b"n="), digits))})  # source aside
+    assert grammar != Grammar({"root": Literal(b"x"), "x": digits}, "x")
+    restored = pickle.loads(pickle.dumps(grammar.compact()))
+    assert restored == grammar and restored.source == "n=[0-9]+"
+    assert restored.rules == grammar.rules

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import json
 from typing import Annotated, Any, Literal
 
@@ -11,7 +12,7 @@ from pydantic import BaseModel, Field
 
 from formline.automata.nfa import AutomatonLimitError
 from formline.grammar import Grammar
-from formline.grammar.ir import expanded_size
+from formline.grammar.ir import Node, expanded_size
 from formline.mask.compiler import CompileCache
 from formline.mask.reference import brute_force_allowed_ids
 from formline.parser.pushdown import build_pushdown, build_pushdown_reference
@@ -19,6 +20,7 @@ from formline.schema import SchemaError, objects, schema_to_grammar
 from formline.schema.api import compile_schema, serialize_like_schema
 from formline.schema.json_text import string_body_except
 from formline.schema.patterns import length_node
+from formline.schema.report import KeywordUse, SchemaReport
 
 
 def language(schema: Any, **options: Any) -> Any:
@@ -458,3 +460,57 @@ def test_the_grammar_cache_keeps_property_order_apart() -> None:
         schema.update(required=["a", "b"], additionalProperties=False)
     assert language(first)({"a": 1, "b": 2}) and not language(first)(b'{"b":2,"a":1}')
     assert language(second)(b'{"b":2,"a":1}') and not language(second)({"a": 1, "b": 2})
+
+
+def test_the_grammar_cache_keeps_no_node_objects_and_answers_reports_of_their_own() -> None:
+    cache = CompileCache(disk_cache=False)
+    schemas = [
+        {
+            "type": "object",
+            "properties": {f"field{index}": {"type": "string", "maxLength": 8 + index}},
+            "required": [f"field{index}"],
+        }
+        for index in range(13)
+    ]
+    schema_to_grammar(schemas.pop(), cache=cache)  # the modules' own memos (UTF-8 ranges)
+    gc.collect()
+    before = count_live_nodes()
+    first = [schema_to_grammar(schema, cache=cache) for schema in schemas]
+    assert count_live_nodes() > before  # the grammars as built, nodes and all
+    del first
+    gc.collect()
+    assert count_live_nodes() == before  # what the cache keeps has none
+    grammar, report = schema_to_grammar(schemas[3], cache=cache)
+    assert count_live_nodes() == before  # a later caller's grammar rebuilds them when asked
+    assert grammar.rules["root"] is not None and count_live_nodes() > before
+    again, report_again = schema_to_grammar(schemas[3], cache=cache)
+    assert grammar == again and report == report_again and report is not report_again
+    assert ("maxLength", "/properties/field3") in kinds(report, "enforced")
+    report.enforced.clear()  # a caller's report is its own: the cache's stays whole
+    assert ("maxLength", "/properties/field3") in kinds(report_again, "enforced")
+    third, _ = schema_to_grammar(schemas[3], cache=cache)
+    assert third == grammar
+    assert ("maxLength", "/properties/field3") in kinds(
+        schema_to_grammar(schemas[3])[1], "enforced"
+    )
+
+
+def count_live_nodes() -> int:
+    return sum(isinstance(item, Node) for item in gc.get_objects())
+
+
+def test_an_unpacked_report_equals_the_packed_one_and_knows_its_uses() -> None:
+    _, report = schema_to_grammar(
+        {"type": "object", "properties": {"a": {"type": "string", "format": "uri"}}, "title": "t"}
+    )
+    packed = report.pack()
+    unpacked = SchemaReport.unpack(packed)
+    assert unpacked == report and unpacked.to_text() == report.to_text()
+    assert all(type(use) is KeywordUse for use in unpacked.enforced + unpacked.ignored)
+    first = unpacked.enforced[0]
+    unpacked.add("enforced", *first)  # recorded already: not repeated
+    assert unpacked.enforced.count(first) == 1
+    unpacked.withdraw(first.keyword, first.pointer)
+    assert first not in unpacked.enforced
+    unpacked.add("enforced", *first)  # withdrawn, so new again
+    assert unpacked.enforced.count(first) == 1 and SchemaReport.unpack(packed) == report

@@ -33,7 +33,7 @@ from formline.grammar.budget import (
     Deadline,
     no_deadline,
 )
-from formline.grammar.ir import FlatGrammar, Grammar, GrammarError, expanded_size
+from formline.grammar.ir import FlatGrammar, Grammar, GrammarError
 from formline.native import NativeAutomaton
 from formline.native import build_automaton as native_build_automaton
 
@@ -73,7 +73,7 @@ def source_of(
         AutomatonLimitError: a called rule's estimated NFA is over ``nfa_state_limit``.
     Costs O(rules)."""
     for name in sorted({grammar.start, *called}):
-        estimate = expanded_size(grammar.rules[name])
+        estimate = grammar.rule_size(name)
         if estimate > nfa_state_limit:
             # Known before anything is built: (a{1000}){1000} used to build 500,000 states.
             raise AutomatonLimitError(

@@ -29,7 +29,7 @@ from formline.schema.compiler import (
 )
 from formline.schema.metaschema import check_schema
 from formline.schema.ordering import order_like_schema
-from formline.schema.report import SchemaError, SchemaReport
+from formline.schema.report import PackedReport, SchemaError, SchemaReport
 from formline.vocab import Vocabulary
 
 
@@ -172,13 +172,29 @@ def schema_to_grammar(
     key = json.dumps([schema, repr(options)], default=str)
     running = deadline or (budget or CompileBudget()).start()
 
-    def build() -> tuple[Grammar, SchemaReport]:
+    built: list[tuple[Grammar, SchemaReport]] = []
+
+    def build() -> tuple[Grammar, PackedReport]:
         check_schema(schema)
-        return compile_to_grammar(schema, options, running)
+        grammar, report = compile_to_grammar(schema, options, running)
+        built.append((grammar, report))
+        grammar.fingerprint()  # once: the compact twins copy it (20 µs a schema)
+        return grammar.compact(), report.pack()
 
     chosen = cache if cache is not None else default_cache()
-    # Sized by the key's text: a grammar's nodes take a few times its schema's bytes.
-    return chosen.memoize(("schema-grammar", key), build, lambda _: 4 * len(key))
+    # Kept without node objects (a full garbage collection scanned 450 a schema before);
+    # a later caller gets a compact grammar and a report of its own.
+    stored, packed = chosen.memoize(("schema-grammar", key), build, _stored_bytes)
+    if built:  # this call built them: they are its own, and their nodes go with them
+        return built[0]
+    return stored.compact(), SchemaReport.unpack(packed)
+
+
+def _stored_bytes(stored: tuple[Grammar, PackedReport]) -> int:
+    """About the bytes of a cached schema grammar: its arrays, and the report's strings."""
+    grammar, packed = stored
+    texts = sum(len(text) for uses in packed for use in uses for text in use)
+    return grammar.flat().memory_bytes() + texts + 100 * sum(len(uses) for uses in packed)
 
 
 def compile_schema(
