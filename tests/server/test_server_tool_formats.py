@@ -17,6 +17,8 @@ import jsonschema
 import pytest
 from server_tools import TIME_TOOL, WEATHER_TOOL, ask, engine_with, tool_call_deltas
 
+from formline.grammar import ir
+from formline.grammar.ir import unflatten
 from formline.mask.matcher import GrammarMatcher
 from formline.server.app import BackgroundServer, create_app
 from formline.server.cli import build_engine
@@ -70,6 +72,27 @@ def test_hermes_required_starts_with_the_tag(llama_backend: Any) -> None:
     assert is_accepted(plan, f"<tool_call>\n{WEATHER_CALL}\n</tool_call>")
     assert not is_accepted(plan, TEXT_THEN_CALL)
     assert not is_accepted(plan, "plain text")
+
+
+def test_a_repeated_tool_request_reuses_its_composed_grammar(
+    llama_backend: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    rebuilt: list[int] = []
+
+    def counted(flat: Any) -> Any:
+        rebuilt.append(len(flat.kind))
+        return unflatten(flat)
+
+    monkeypatch.setattr(ir, "unflatten", counted)
+    body = {"tool_choice": "auto"}
+    first = plan_for(body, llama_backend.vocabulary, "hermes")
+    rebuilt.clear()
+    again = plan_for(body, llama_backend.vocabulary, "hermes")
+    assert again.compiled is first.compiled
+    assert rebuilt == []  # the call schema's grammar stays compact: no node rebuilt
+    required = plan_for(body | {"tool_choice": "required"}, llama_backend.vocabulary, "hermes")
+    assert required.compiled is not first.compiled  # the form is part of the cache's key
+    assert is_accepted(again, TEXT_THEN_CALL) and not is_accepted(required, TEXT_THEN_CALL)
 
 
 def test_smollm2_holds_every_call_in_one_tag(llama_backend: Any) -> None:

@@ -29,6 +29,7 @@ from formline.grammar.ir import Choice as ChoiceNode
 from formline.grammar.ir import Grammar, GrammarError, RuleReference
 from formline.grammar.regex import parse_regex
 from formline.grammar.tags import tagged_grammar
+from formline.mask.compiler import default_cache
 from formline.mask.tagged import TagError, trigger_of
 from formline.pipeline.generate import DEFAULT_WHITESPACE
 from formline.schema import SchemaError
@@ -195,16 +196,37 @@ def _tool_plan(
 def _tool_grammar(
     constraint: Constraint, form: ToolFormat, choice: str, max_calls: int
 ) -> Grammar | None:
-    """The grammar of a tool-calling answer (``None``: the call schema's own grammar)."""
-    if not form.is_tagged:
-        return _tool_or_text(constraint) if choice == "auto" else None
+    """The grammar of a tool-calling answer (``None``: the call schema's own grammar).
+    Cached by the call schema's grammar and the answer's form: the schema's grammar comes
+    from the cache without its node objects, and rebuilding them to compose this one cost
+    more than the rest of a request's plan (meltano.schema's 1,561 nodes: 0.9 ms, on top of
+    0.9 ms to flatten the composed grammar)."""
+    if not form.is_tagged and choice != "auto":
+        return None
     body = constraint.grammar()
-    assert body is not None and form.trigger is not None
+    assert body is not None
     tags = 1 if form.list_body else max_calls
-    return tagged_grammar(
-        body, form.trigger, form.opening, form.closing, text_first=choice == "auto",
-        max_tags=tags,
-    )  # fmt: skip
+    key = ("tool-grammar", body.fingerprint(), form, choice == "auto", tags)
+    stored = default_cache().memoize(key, lambda: _composed(body, form, choice, tags), _bytes_of)
+    return stored.compact()
+
+
+def _composed(body: Grammar, form: ToolFormat, choice: str, tags: int) -> Grammar:
+    """:func:`_tool_grammar`'s grammar, built, compact (its fingerprint computed)."""
+    if not form.is_tagged:
+        composed = _tool_or_text(body)
+    else:
+        assert form.trigger is not None
+        composed = tagged_grammar(
+            body, form.trigger, form.opening, form.closing, text_first=choice == "auto",
+            max_tags=tags,
+        )  # fmt: skip
+    composed.fingerprint()
+    return composed.compact()
+
+
+def _bytes_of(grammar: Grammar) -> int:
+    return grammar.flat().memory_bytes()
 
 
 def _tool_constraint(schema: dict[str, Any], strict: bool, param: str) -> Constraint:
@@ -227,10 +249,8 @@ def _tool_at(pointer: str | None, several: bool, key: str = "arguments") -> str:
     return f"tools[{index}].function.parameters" if parts[:2] == ["properties", key] else "tools"
 
 
-def _tool_or_text(tools: Constraint) -> Grammar:
+def _tool_or_text(grammar: Grammar) -> Grammar:
     """Tool call(s) (start with ``{`` or ``[``) or free text (starts with anything else)."""
-    grammar = tools.grammar()
-    assert grammar is not None
     text = parse_regex(FREE_TEXT_NOT_JSON)
     rules = dict(grammar.rules)
     rules[AUTO_START] = ChoiceNode((RuleReference(grammar.start), text))
