@@ -6,14 +6,17 @@ Run from the repository root (nothing else running: it times milliseconds)::
         [--vocabulary llama-bpe] [--data tests/data/maskbench]
 
 Each engine, in a process of its own, compiles every MaskBench schema of ``--data`` once per
-round (from the second round on, each schema carries a ``$comment`` naming the round, so
-every compile is of a schema the engine has not seen) and fills the first mask: what a
-server that gets a new schema per request does. Unlike ``bench.maskbench``, nothing is
-cleared between compiles and the garbage collector is left on, so a compile also pays the
-collections that its garbage and everything kept so far cost. The objects made at startup
-(imports, the vocabulary) are frozen out of the collector's scans first, for every engine, as
-``formline serve`` does. formline's compiler keeps what it compiled (its memory cache, on
-by default); the peers are set up as in ``bench.maskbench`` (XGrammar's cache off), and
+round and fills the first mask: what a server that gets a new schema per request does. Each
+round has a compiler of its own, made at startup, so that no compile is a cache hit (a
+``$comment`` naming the round does not change a schema's grammar, and formline's cache of
+compiled grammars is keyed by the grammar), and the earlier rounds' compilers are kept with
+all they hold; from the second round on each schema carries that ``$comment`` too, against
+any cache keyed by the schema's text. Unlike ``bench.maskbench``, nothing is cleared between
+compiles and the garbage collector is left on, so a compile also pays the collections that
+its garbage and everything kept so far cost. The objects made at startup (imports, the
+vocabulary, the compilers) are frozen out of the collector's scans first, for every engine,
+as ``formline serve`` does. formline's compilers keep what they compiled (the memory cache,
+on by default); the peers are set up as in ``bench.maskbench`` (XGrammar's cache off), and
 their compiled grammars are dropped after the first mask.
 
 Prints, and writes to ``bench/results/cached_compiles.md`` (``.json`` beside it): time to
@@ -63,20 +66,21 @@ def variant(schema: Any, round_number: int) -> Any:
 
 def run_engine(name: str, vocabulary: dict[str, Any], schemas: list[Any], rounds: int) -> dict:
     """One engine's compiles (in its own process): the times, the collections, the objects."""
-    engine = ENGINES[name]()
     path = Path(vocabulary["path"])
     tokenizer = None if name == "formline" else load_tokenizer(path)[0]
     size, eos_id = vocabulary["size"], vocabulary["eos_id"]
     context = VocabularyContext(vocabulary["name"], path, tokenizer, 0.0, size, eos_id)
-    engine.prepare(context)
-    bitmask = engine.allocate(context)
+    engines = [ENGINES[name]() for _ in range(rounds)]
+    for engine in engines:
+        engine.prepare(context)
+    bitmask = engines[0].allocate(context)
     gc.collect()
     gc.freeze()  # the startup's objects: out of every collection's scans, as formline serve
     clock = CollectionClock()
     gc.callbacks.append(clock)
     times: dict[str, float] = {}  # "round:schema index" -> ms
     declined = 0
-    for round_number in range(rounds):
+    for round_number, engine in enumerate(engines):
         for index, schema in enumerate(schemas):
             chosen = variant(schema, round_number)
             began = time.perf_counter_ns()
@@ -92,10 +96,14 @@ def run_engine(name: str, vocabulary: dict[str, Any], schemas: list[Any], rounds
     full = [spent for generation, spent in clock.collections if generation == 2]
     return {
         "engine": name,
-        "version": engine.version(),
+        "version": engines[0].version(),
         "compiles": len(times),
         "declined": declined,
         "ttfm_ms": spread(list(times.values())),
+        "round_p50_ms": [
+            spread([ms for key, ms in times.items() if key.startswith(f"{number}:")])["p50"]
+            for number in range(rounds)
+        ],
         "collections": len(clock.collections),
         "full_collections": len(full),
         "longest_full_ms": max(full, default=0.0),
@@ -124,15 +132,17 @@ def markdown(results: list[dict[str, Any]], command: str, machine: dict[str, Any
         "cores. Time to first mask (compile + matcher + first fill) of every compile, ms; full: "
         "generation-2 collections; objects: what the collector tracks at the end.",
         "",
-        "| engine | compiles | TTFM p50 / p99 / max ms | mean ms | collections (full) | "
-        "longest full ms | all collections ms | objects |",
-        "|---|---|---|---|---|---|---|---|",
+        "| engine | compiles | TTFM p50 / p99 / max ms | mean ms | p50 by round ms | "
+        "collections (full) | longest full ms | all collections ms | objects |",
+        "|---|---|---|---|---|---|---|---|---|",
     ]
     for row in results:
         ttfm = row["ttfm_ms"]
+        by_round = " / ".join(f"{ms:.2f}" for ms in row["round_p50_ms"])
         lines.append(
             f"| {row['engine']} {row['version']} | {row['compiles']:,} | "
             f"{ttfm['p50']:.2f} / {ttfm['p99']:.2f} / {ttfm['max']:.1f} | {ttfm['mean']:.2f} | "
+            f"{by_round} | "
             f"{row['collections']:,} ({row['full_collections']}) | "
             f"{row['longest_full_ms']:.1f} | {row['collections_ms']:.0f} | "
             f"{row['tracked_objects']:,} |"

@@ -226,6 +226,7 @@ class Grammar:
     """
 
     __slots__ = (
+        "__weakref__",
         "_fingerprint",
         "_flat",
         "_rule_sizes",
@@ -275,7 +276,7 @@ class Grammar:
     def compact(self) -> Grammar:
         """This grammar without its node objects (they are rebuilt when :attr:`rules` is
         read): what the compiler's cache keeps. Costs O(1); shares the arrays."""
-        twin = Grammar.__new__(Grammar)
+        twin = type(self).__new__(type(self))
         _set_grammar(
             twin, None, self._flat, self._rule_sizes, self.start, self.source, self.called_rules
         )
@@ -331,7 +332,7 @@ class Grammar:
         )
 
     def __reduce__(self) -> tuple[object, ...]:
-        return (Grammar, (self.rules, self.start, self.source, self.called_rules))
+        return (type(self), (self.rules, self.start, self.source, self.called_rules))
 
     @classmethod
     def from_regex(cls, pattern: str) -> Grammar:

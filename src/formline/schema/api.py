@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import os
 from dataclasses import dataclass, field
+from operator import itemgetter
 from typing import Any
 
 from jsonschema.validators import Draft202012Validator, validator_for
@@ -174,27 +175,35 @@ def schema_to_grammar(
 
     built: list[tuple[Grammar, SchemaReport]] = []
 
-    def build() -> tuple[Grammar, PackedReport]:
+    def build() -> tuple[Grammar, PackedReport, int]:
         check_schema(schema)
         grammar, report = compile_to_grammar(schema, options, running)
         built.append((grammar, report))
         grammar.fingerprint()  # once: the compact twins copy it (20 µs a schema)
-        return grammar.compact(), report.pack()
+        packed = report.pack()
+        return grammar.compact(), packed, _stored_bytes(len(key), grammar, packed)
 
     chosen = cache if cache is not None else default_cache()
     # Kept without node objects (a full garbage collection scanned 450 a schema before);
-    # a later caller gets a compact grammar and a report of its own.
-    stored, packed = chosen.memoize(("schema-grammar", key), build, _stored_bytes)
+    # a later caller gets a compact grammar and a report of its own. The size is counted
+    # once: the cache counts every entry again now and then, and 270 reports' strings
+    # counted each time made a compile take 1 ms more.
+    stored, packed, _ = chosen.memoize(("schema-grammar", key), build, STORED_SIZE)
     if built:  # this call built them: they are its own, and their nodes go with them
         return built[0]
     return stored.compact(), SchemaReport.unpack(packed)
 
 
-def _stored_bytes(stored: tuple[Grammar, PackedReport]) -> int:
-    """About the bytes of a cached schema grammar: its arrays, and the report's strings."""
-    grammar, packed = stored
+# The size of a cached schema grammar, as counted when it was built.
+STORED_SIZE = itemgetter(2)
+
+
+def _stored_bytes(key_length: int, grammar: Grammar, packed: PackedReport) -> int:
+    """About the bytes of a cached schema grammar: its key (the schema's JSON text), its
+    arrays, and the report's strings. Costs O(keyword uses)."""
     texts = sum(len(text) for uses in packed for use in uses for text in use)
-    return grammar.flat().memory_bytes() + texts + 100 * sum(len(uses) for uses in packed)
+    uses = 100 * sum(len(uses) for uses in packed)
+    return key_length + grammar.flat().memory_bytes() + texts + uses
 
 
 def compile_schema(
