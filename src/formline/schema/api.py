@@ -200,10 +200,9 @@ STORED_SIZE = itemgetter(2)
 
 def _stored_bytes(key_length: int, grammar: Grammar, packed: PackedReport) -> int:
     """About the bytes of a cached schema grammar: its key (the schema's JSON text), its
-    arrays, and the report's strings. Costs O(keyword uses)."""
-    texts = sum(len(text) for uses in packed for use in uses for text in use)
-    uses = 100 * sum(len(uses) for uses in packed)
-    return key_length + grammar.flat().memory_bytes() + texts + uses
+    arrays, and its report at about 200 bytes a keyword use (three tuples and a pointer's
+    text; counting the strings' lengths cost 0.2 ms for meltano.schema's 819). O(rules)."""
+    return key_length + grammar.flat().memory_bytes() + 200 * sum(map(len, packed))
 
 
 def compile_schema(
