@@ -179,7 +179,6 @@ def schema_to_grammar(
         check_schema(schema)
         grammar, report = compile_to_grammar(schema, options, running)
         built.append((grammar, report))
-        grammar.fingerprint()  # once: the compact twins copy it (20 µs a schema)
         packed = report.pack()
         return grammar.compact(), packed, _stored_bytes(len(key), grammar, packed)
 
@@ -202,7 +201,7 @@ def _stored_bytes(key_length: int, grammar: Grammar, packed: PackedReport) -> in
     """About the bytes of a cached schema grammar: its key (the schema's JSON text), its
     arrays, and its report at about 200 bytes a keyword use (three tuples and a pointer's
     text; counting the strings' lengths cost 0.2 ms for meltano.schema's 819). O(rules)."""
-    return key_length + grammar.flat().memory_bytes() + 200 * sum(map(len, packed))
+    return key_length + grammar.memory_bytes() + 200 * sum(map(len, packed))
 
 
 def compile_schema(

@@ -207,12 +207,14 @@ def _tool_grammar(
     assert body is not None
     tags = 1 if form.list_body else max_calls
     key = ("tool-grammar", body.fingerprint(), form, choice == "auto", tags)
-    stored = default_cache().memoize(key, lambda: _composed(body, form, choice, tags), _bytes_of)
+    stored = default_cache().memoize(
+        key, lambda: _composed(body, form, choice, tags), Grammar.memory_bytes
+    )
     return stored.compact()
 
 
 def _composed(body: Grammar, form: ToolFormat, choice: str, tags: int) -> Grammar:
-    """:func:`_tool_grammar`'s grammar, built, compact (its fingerprint computed)."""
+    """:func:`_tool_grammar`'s grammar, built, compact."""
     if not form.is_tagged:
         composed = _tool_or_text(body)
     else:
@@ -221,12 +223,7 @@ def _composed(body: Grammar, form: ToolFormat, choice: str, tags: int) -> Gramma
             body, form.trigger, form.opening, form.closing, text_first=choice == "auto",
             max_tags=tags,
         )  # fmt: skip
-    composed.fingerprint()
     return composed.compact()
-
-
-def _bytes_of(grammar: Grammar) -> int:
-    return grammar.flat().memory_bytes()
 
 
 def _tool_constraint(schema: dict[str, Any], strict: bool, param: str) -> Constraint:
