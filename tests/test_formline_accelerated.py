@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 
 import formline.grammar.ir
+import formline.grammar.nodes
 import formline.schema.compiler
 from formline import _accelerated
 from formline.schema.api import schema_to_grammar
@@ -63,9 +64,8 @@ def test_the_schema_compiler_runs_compiled_after_an_install() -> None:
     finder = _accelerated.FINDER
     assert finder is not None
     # pip install (or install -e) compiles every module of both packages.
-    assert {"formline.schema.compiler", "formline.schema.objects", "formline.grammar.ir"} <= set(
-        finder.candidates
-    )
+    built = {"formline.schema.compiler", "formline.schema.objects", "formline.grammar.ir"}
+    assert built | {"formline.grammar.nodes"} <= set(finder.candidates)
     stale = [
         name
         for name in finder.candidates
@@ -74,6 +74,7 @@ def test_the_schema_compiler_runs_compiled_after_an_install() -> None:
     assert stale == [], f"edited since the last pip install -e .: {stale}"
     assert _accelerated.is_compiled(formline.schema.compiler)
     assert _accelerated.is_compiled(formline.grammar.ir)
+    assert _accelerated.is_compiled(formline.grammar.nodes)  # its digest reads nodes.pxd too
 
 
 @pytest.mark.skipif(PURE, reason="FORMLINE_PURE_PYTHON=1 asks for the Python source")
@@ -117,6 +118,72 @@ def test_the_finder_reads_only_its_own_file_names(tmp_path: Path) -> None:
     source.unlink()
     assert finder.compiled_path("formline.schema.values") is None
     assert finder.compiled_path("formline.schema.objects") is None
+
+
+def test_a_declarations_file_beside_the_source_is_part_of_its_digest(tmp_path: Path) -> None:
+    source = tmp_path / "nodes.py"
+    source.write_text("x = 1\n")
+    alone = _accelerated.source_digest(source)
+    declarations = tmp_path / "nodes.pxd"
+    declarations.write_text("cdef class Node:\n    pass\n")
+    declared = _accelerated.source_digest(source)
+    declarations.write_text("cdef class Node:\n    cdef object x\n")
+    edited = _accelerated.source_digest(source)
+    assert len({alone, declared, edited}) == 3
+    declarations.unlink()
+    assert _accelerated.source_digest(source) == alone
+
+
+# Writes and deletes every field of every kind of grammar node; prints whether each was
+# refused as immutable, the nodes as written, and whether the module ran compiled.
+WRITE_NODES = """
+import json
+import formline.grammar.nodes as nodes
+from formline import _accelerated
+from formline.grammar.nodes import (
+    EMPTY, ByteSet, Choice, Except, Literal, Minimized, Repeat, RuleReference, Sequence,
+)
+item = Literal(b"a")
+made = [
+    ByteSet(((48, 57),)), item, Sequence((item, ByteSet(((48, 57),)))), Choice((item, EMPTY)),
+    Repeat(item, 2, 5), RuleReference("rule"), Except(item, (b"x", b"x")), Minimized(item),
+]
+refused = []
+for node in made:
+    for name in (*node.field_names, "_hash", "_size"):
+        for change in (lambda: setattr(node, name, None), lambda: delattr(node, name)):
+            try:
+                change()
+                refused.append(f"{name} changed")
+            except AttributeError as error:
+                refused.append("immutable" in str(error))
+descriptor = type(Literal.__dict__["value"]).__name__
+print(json.dumps({
+    "compiled": _accelerated.is_compiled(nodes),
+    "descriptor": descriptor,
+    "refused": refused,
+    "nodes": [[repr(node), node._size, node == eval(repr(node), vars(nodes))] for node in made],
+}))
+"""
+
+
+@pytest.mark.skipif(PURE, reason="FORMLINE_PURE_PYTHON=1: both sides would be the source")
+def test_grammar_nodes_refuse_writes_compiled_as_c_types_and_from_source() -> None:
+    compiled = json.loads(run_python(WRITE_NODES).stdout)
+    pure = json.loads(run_python(WRITE_NODES, FORMLINE_PURE_PYTHON="1").stdout)
+    assert (compiled["compiled"], pure["compiled"]) == (True, False)
+    # nodes.pxd applied: C members (getset), not the slots of the source's classes
+    assert (compiled["descriptor"], pure["descriptor"]) == (
+        "getset_descriptor",
+        "member_descriptor",
+    )
+    assert (
+        compiled["refused"] == pure["refused"] == [True] * 2 * (1 + 1 + 1 + 1 + 3 + 1 + 2 + 1 + 16)
+    )
+    assert compiled["nodes"] == pure["nodes"]
+    sizes = [size for _, size, _ in pure["nodes"]]
+    assert sizes == [1, 1, 2, 2, 5, 1, 2, 1]
+    assert all(equal for _, _, equal in pure["nodes"])
 
 
 @pytest.mark.skipif(PURE, reason="FORMLINE_PURE_PYTHON=1: both sides would be the source")

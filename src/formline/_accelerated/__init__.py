@@ -46,12 +46,18 @@ class StaleCompiledModule(UserWarning):
 
 
 def source_digest(path: Path) -> str:
-    """The first 16 hex digits of the SHA-256 of a file (what ``setup.py`` names builds by).
+    """The first 16 hex digits of the SHA-256 of a module's source and of the Cython
+    declarations beside it (``nodes.pxd`` makes ``nodes.py``'s classes C types), if any: what
+    ``setup.py`` names builds by, so an edit of either makes the build stale.
 
     Raises:
-        OSError: the file cannot be read.
+        OSError: the source cannot be read.
     """
-    return hashlib.sha256(path.read_bytes()).hexdigest()[:DIGEST_DIGITS]
+    digest = hashlib.sha256(path.read_bytes())
+    declarations = path.with_suffix(".pxd")
+    if declarations.exists():
+        digest.update(b"\0" + declarations.read_bytes())
+    return digest.hexdigest()[:DIGEST_DIGITS]
 
 
 class CompiledModuleFinder(importlib.abc.MetaPathFinder):

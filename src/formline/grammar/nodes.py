@@ -5,8 +5,8 @@ that holds them, and its flat form). Immutable and hashed once at construction.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
-from typing import Any, ClassVar
+from collections.abc import Iterator
+from typing import cast
 
 from formline.errors import FormlineError
 
@@ -43,14 +43,18 @@ class Node:
     nodes instead of printing the tree (a printed tree also recursed once per level: a
     ``minimum`` of 1e150 overflowed the stack).
 
-    Plain slotted classes, not frozen dataclasses: a dataclass's generated ``__init__`` and
-    ``__post_init__`` made a three-item ``Sequence`` cost 3.0 µs, about a third of a median
-    MaskBench schema's grammar construction; these cost about 0.7 µs. Assigning an attribute
-    raises ``AttributeError``, as a frozen dataclass does.
+    Not frozen dataclasses: a dataclass's generated ``__init__`` and ``__post_init__`` made a
+    three-item ``Sequence`` cost 3.0 µs, about a third of a median MaskBench schema's grammar
+    construction. From source they are slotted classes. Compiled, ``nodes.pxd`` makes them C
+    types whose fields are C members (read-only to Python): a three-item ``Sequence`` costs
+    0.10 µs, 0.29 as a slotted class compiled by Cython, and hashing a composite's children
+    calls C, not a Python ``__hash__`` per child; the schema-to-IR step of MaskBench's largest
+    schemas took 15-18% less time. Assigning an attribute raises ``AttributeError``, as a
+    frozen dataclass does.
     """
 
     __slots__ = ("_hash", "_size")
-    field_names: ClassVar[tuple[str, ...]] = ()  # in the order of fields() and __init__
+    field_names = cast("tuple[str, ...]", ())  # in the order of fields() and __init__
     _hash: int
     _size: int  # what :func:`expanded_size` answers, computed at construction
 
@@ -72,7 +76,12 @@ class Node:
         return self.fields() == other.fields()
 
     def __setattr__(self, name: str, value: object) -> None:
-        raise AttributeError(f"grammar nodes are immutable: cannot assign {name!r}")
+        # From source, a constructor's writes land here until it sets _hash, its last
+        # field; compiled, the fields are C members written directly and this runs only
+        # for writes from outside.
+        if hasattr(self, "_hash"):
+            raise AttributeError(f"grammar nodes are immutable: cannot assign {name!r}")
+        object.__setattr__(self, name, value)
 
     def __delattr__(self, name: str) -> None:
         raise AttributeError(f"grammar nodes are immutable: cannot delete {name!r}")
@@ -86,31 +95,15 @@ class Node:
         return (type(self), self.fields())
 
 
-def slot_setter(cls: type, name: str) -> Callable[[Any, Any], None]:
-    """The setter of slot ``name`` of ``cls``: the nodes' fields are written through their
-    slots' own setters, not ``object.__setattr__``, which looks the slot up on the type at
-    every write (a Literal 0.29 -> 0.20 µs, interpreted; a big schema makes thousands)."""
-    setter: Callable[[Any, Any], None] = cls.__dict__[name].__set__
-    return setter
-
-
-# The children's hashes and sizes are cached already, so a node costs O(children), not
-# O(subtree). The size is what :func:`expanded_size` answers: the schema compiler asks it of
-# every member and array item (5,946 tree walks, 15% of 60 MaskBench compiles).
-_set_hash = slot_setter(Node, "_hash")
-_set_size = slot_setter(Node, "_size")
-
-
-def _set_composite(
-    node: Node, set_children: Callable[[Any, Any], None], kind: int, children: tuple[Node, ...]
-) -> None:
-    """A sequence's or choice's fields: its children, hash and expanded size."""
-    set_children(node, children)
-    _set_hash(node, hash((kind, children)))
+def _total_size(children: tuple[Node, ...]) -> int:
+    """A sequence's or choice's expanded size: its children's, at least 1. The children's
+    sizes (and hashes) are cached already, so a node costs O(children), not O(subtree): the
+    schema compiler asks :func:`expanded_size` of every member and array item (5,946 tree
+    walks were 15% of 60 MaskBench compiles)."""
     size = 0
     for child in children:
         size += child._size
-    _set_size(node, size or 1)
+    return size or 1
 
 
 class ByteSet(Node):
@@ -124,18 +117,15 @@ class ByteSet(Node):
         for low, high in ranges:
             if not 0 <= low <= high <= 255:
                 raise GrammarError(f"invalid byte range {low}-{high}")
-        _set_ranges(self, ranges)
-        _set_hash(self, hash((0, ranges)))
-        _set_size(self, 1)
+        self.ranges = ranges
+        self._size = 1
+        self._hash = hash((0, ranges))
 
     def fields(self) -> tuple[object, ...]:
         return (self.ranges,)
 
     def contains(self, value: int) -> bool:
         return any(low <= value <= high for low, high in self.ranges)
-
-
-_set_ranges = slot_setter(ByteSet, "ranges")
 
 
 class Literal(Node):
@@ -146,15 +136,12 @@ class Literal(Node):
     value: bytes
 
     def __init__(self, value: bytes) -> None:
-        _set_value(self, value)
-        _set_hash(self, hash((1, value)))
-        _set_size(self, len(value) or 1)
+        self.value = value
+        self._size = len(value) or 1
+        self._hash = hash((1, value))
 
     def fields(self) -> tuple[object, ...]:
         return (self.value,)
-
-
-_set_value = slot_setter(Literal, "value")
 
 
 class Sequence(Node):
@@ -165,16 +152,15 @@ class Sequence(Node):
     items: tuple[Node, ...]
 
     def __init__(self, items: tuple[Node, ...]) -> None:
-        _set_composite(self, _set_items, 2, items)
+        self.items = items
+        self._size = _total_size(items)
+        self._hash = hash((2, items))
 
     def fields(self) -> tuple[object, ...]:
         return (self.items,)
 
     def children(self) -> tuple[Node, ...]:
         return self.items
-
-
-_set_items = slot_setter(Sequence, "items")
 
 
 class Choice(Node):
@@ -185,16 +171,15 @@ class Choice(Node):
     options: tuple[Node, ...]
 
     def __init__(self, options: tuple[Node, ...]) -> None:
-        _set_composite(self, _set_options, 3, options)
+        self.options = options
+        self._size = _total_size(options)
+        self._hash = hash((3, options))
 
     def fields(self) -> tuple[object, ...]:
         return (self.options,)
 
     def children(self) -> tuple[Node, ...]:
         return self.options
-
-
-_set_options = slot_setter(Choice, "options")
 
 
 class Repeat(Node):
@@ -209,22 +194,17 @@ class Repeat(Node):
     def __init__(self, item: Node, minimum: int = 0, maximum: int | None = None) -> None:
         if minimum < 0 or (maximum is not None and maximum < minimum):
             raise GrammarError(f"invalid repetition bounds {{{minimum},{maximum}}}")
-        _set_repeat_item(self, item)
-        _set_minimum(self, minimum)
-        _set_maximum(self, maximum)
-        _set_hash(self, hash((4, item, minimum, maximum)))
-        _set_size(self, item._size * max(maximum or minimum, 1))
+        self.item = item
+        self.minimum = minimum
+        self.maximum = maximum
+        self._size = item._size * max(maximum or minimum, 1)
+        self._hash = hash((4, item, minimum, maximum))
 
     def fields(self) -> tuple[object, ...]:
         return (self.item, self.minimum, self.maximum)
 
     def children(self) -> tuple[Node, ...]:
         return (self.item,)
-
-
-_set_repeat_item = slot_setter(Repeat, "item")
-_set_minimum = slot_setter(Repeat, "minimum")
-_set_maximum = slot_setter(Repeat, "maximum")
 
 
 class RuleReference(Node):
@@ -235,15 +215,12 @@ class RuleReference(Node):
     name: str
 
     def __init__(self, name: str) -> None:
-        _set_name(self, name)
-        _set_hash(self, hash((5, name)))
-        _set_size(self, 1)
+        self.name = name
+        self._size = 1
+        self._hash = hash((5, name))
 
     def fields(self) -> tuple[object, ...]:
         return (self.name,)
-
-
-_set_name = slot_setter(RuleReference, "name")
 
 
 class Except(Node):
@@ -263,21 +240,17 @@ class Except(Node):
 
     def __init__(self, item: Node, excluded: tuple[bytes, ...]) -> None:
         names = tuple(sorted(set(excluded)))
-        _set_except_item(self, item)
-        _set_excluded(self, names)
-        _set_hash(self, hash((6, item, names)))
+        self.item = item
+        self.excluded = names
         # The product has at most one state per trie node beside item's own.
-        _set_size(self, item._size + sum(len(name) for name in names))
+        self._size = item._size + sum(len(name) for name in names)
+        self._hash = hash((6, item, names))
 
     def fields(self) -> tuple[object, ...]:
         return (self.item, self.excluded)
 
     def children(self) -> tuple[Node, ...]:
         return (self.item,)
-
-
-_set_except_item = slot_setter(Except, "item")
-_set_excluded = slot_setter(Except, "excluded")
 
 
 class Minimized(Node):
@@ -294,18 +267,15 @@ class Minimized(Node):
     item: Node
 
     def __init__(self, item: Node) -> None:
-        _set_minimized_item(self, item)
-        _set_hash(self, hash((7, item)))
-        _set_size(self, item._size)
+        self.item = item
+        self._size = item._size
+        self._hash = hash((7, item))
 
     def fields(self) -> tuple[object, ...]:
         return (self.item,)
 
     def children(self) -> tuple[Node, ...]:
         return (self.item,)
-
-
-_set_minimized_item = slot_setter(Minimized, "item")
 
 
 EMPTY = Literal(b"")
