@@ -1,7 +1,8 @@
 """The native kernel's sources ship with the package and rebuild it when they change: every
 header and include of ``src/formline/native`` is in pyproject's package data (an sdist
 without one cannot compile the kernel) and in setup.py's ``KERNEL_HEADERS`` (the
-extension's ``depends``: an edit to a header not listed leaves a stale build)."""
+extension's ``depends``: an edit to a header not listed leaves a stale build), and so is
+every ``.pxd`` of the packages compiled by Cython."""
 
 from __future__ import annotations
 
@@ -37,3 +38,14 @@ def test_every_kernel_source_is_package_data() -> None:
 
 def test_every_kernel_source_rebuilds_the_extension() -> None:
     assert kernel_sources() == setup_kernel_headers()
+
+
+def test_every_declarations_file_of_the_compiled_packages_is_package_data() -> None:
+    # A module's build is named by the digest of its .py and .pxd: an installed wheel without
+    # the .pxd would run that module from source, warning StaleCompiledModule.
+    pyproject = tomllib.loads((ROOT / "pyproject.toml").read_text(encoding="utf-8"))
+    package_data = pyproject["tool"]["setuptools"]["package-data"]
+    for package in ("grammar", "schema"):
+        declared = {path.name for path in (ROOT / "src" / "formline" / package).glob("*.pxd")}
+        assert declared <= set(package_data.get(f"formline.{package}", [])), package
+    assert "nodes.pxd" in package_data["formline.grammar"]

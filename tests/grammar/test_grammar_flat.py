@@ -5,6 +5,7 @@ compact grammar's)."""
 import json
 import pickle
 import weakref
+from enum import StrEnum
 from pathlib import Path
 
 import numpy as np
@@ -232,3 +233,24 @@ def test_grammars_are_immutable_compared_by_value_and_pickled() -> None:
     assert restored == grammar and restored.source == "n=[0-9]+"
     assert restored.rules == grammar.rules
     assert weakref.ref(restored)() is restored
+
+
+class RuleName(StrEnum):
+    ROOT = "root"
+    DIGIT = "digit"
+
+
+def test_rule_names_of_a_str_subclass_survive_compaction_and_pickling() -> None:
+    # Compiled, a node's typed str member would refuse a StrEnum that the source accepts.
+    grammar = Grammar(
+        {
+            RuleName.ROOT: Sequence((Literal(b"n="), RuleReference(RuleName.DIGIT))),
+            RuleName.DIGIT: Repeat(ByteSet(((48, 57),)), 1, None),
+        },
+        RuleName.ROOT,
+        called_rules=frozenset({"digit"}),
+    )
+    compact = grammar.compact()
+    assert compact.rules == grammar.rules
+    assert pickle.loads(pickle.dumps(compact)) == grammar
+    assert RuleReference(RuleName.DIGIT) == RuleReference("digit")

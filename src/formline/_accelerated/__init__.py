@@ -6,13 +6,15 @@
 The built file is not put beside its ``.py`` (Python's import prefers an extension module
 there, so an edit of the source would silently do nothing) but here, as
 ``<package>/<module>_<digest>.<suffix>``, where ``<digest>`` is the first 16 hex digits of the
-SHA-256 of the source it was compiled from.
+SHA-256 of the source it was compiled from, with the Cython declarations beside it if any
+(``grammar/nodes.pxd`` makes the IR's node classes C types).
 
 Importing this package puts :class:`CompiledModuleFinder` first on ``sys.meta_path``. It serves
 ``formline.schema.compiler`` and the others from their compiled file only when the digest of
-the ``.py`` beside them now equals the file's; otherwise the Python source runs, with a
-:class:`StaleCompiledModule` warning when a compiled file of another version of the source is
-present (run ``pip install -e .`` again; under ``-W error`` that warning fails the import).
+the ``.py`` (and ``.pxd``) beside them now equals the file's; otherwise the Python source
+runs, with a :class:`StaleCompiledModule` warning when a compiled file of another version of
+the source is present (run ``pip install -e .`` again; under ``-W error`` that warning fails
+the import).
 ``FORMLINE_PURE_PYTHON=1`` turns the finder off: everything runs from source (the
 differential tests compare the two). Costs one SHA-256 of each compiled module's source at its
 import (about 0.3 ms in all).
@@ -62,7 +64,8 @@ def source_digest(path: Path) -> str:
 
 class CompiledModuleFinder(importlib.abc.MetaPathFinder):
     """Finds ``formline.<package>.<module>`` in ``compiled_root/<package>/``, built from the
-    current ``package_root/<package>/<module>.py``. Lists ``compiled_root`` once."""
+    current ``package_root/<package>/<module>.py`` (and its ``.pxd``, if any). Lists
+    ``compiled_root`` once."""
 
     def __init__(self, package_root: Path, compiled_root: Path) -> None:
         self.package_root = package_root

@@ -25,7 +25,7 @@ cdef class Repeat(Node):
     cdef readonly object maximum
 
 cdef class RuleReference(Node):
-    cdef readonly str name
+    cdef readonly object name  # a str, or a subclass (a StrEnum rule name): not typed str
 
 cdef class Except(Node):
     cdef readonly Node item
