@@ -8,11 +8,12 @@ dependency). Nothing downloads a prebuilt binary.
 2. The modules of ``formline.schema`` and ``formline.grammar``, compiled unchanged by Cython:
    the schema-to-IR step is many small Python calls (about 100,000 for a 30 kB schema), and
    compiled they take a third less time (``bench.ttfm_stages``). A ``.pxd`` beside a module
-   declares its classes as C types (``grammar/nodes.pxd``: the IR's nodes, 15-18% less
-   time again for the largest schemas' schema-to-IR step). Each one is written under
-   ``formline/_accelerated/`` with the SHA-256 of the source it came from in its file name,
-   never beside its ``.py``: there it would shadow every later edit of the source. At import,
-   ``formline._accelerated`` loads a compiled module only when its source is unchanged.
+   declares its classes as C types (``grammar/nodes.pxd``: the IR's nodes; the slowest
+   tenth's schema-to-IR step 2.41 -> 2.01 ms in ``bench.ttfm_stages``, means of four runs).
+   Each one is written under ``formline/_accelerated/`` with the SHA-256 of the source it came
+   from in its file name, never beside its ``.py``: there it would shadow every later edit of
+   the source. At import, ``formline._accelerated`` loads a compiled module only when its
+   source is unchanged.
 """
 
 import hashlib

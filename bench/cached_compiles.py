@@ -30,6 +30,7 @@ import argparse
 import gc
 import json
 import multiprocessing
+import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -197,7 +198,8 @@ def main(arguments: list[str] | None = None) -> int:
         process.start()
         results.append(queue.get())
         process.join()
-    command = "python -m bench.cached_compiles " + " ".join(arguments or [])
+    given = sys.argv[1:] if arguments is None else arguments
+    command = "python -m bench.cached_compiles " + " ".join(given)
     machine = machine_info()
     text = markdown(results, command.strip(), machine)
     print(text)

@@ -205,7 +205,7 @@ def _tool_grammar(
         return None
     body = constraint.grammar()
     assert body is not None
-    tags = 1 if form.list_body else max_calls
+    tags = (1 if form.list_body else max_calls) if form.is_tagged else 0  # only tags count
     key = ("tool-grammar", body.fingerprint(), form, choice == "auto", tags)
     stored = default_cache().memoize(
         key, lambda: _composed(body, form, choice, tags), Grammar.memory_bytes
