@@ -3,11 +3,15 @@
 from __future__ import annotations
 
 import gc
+import itertools
 import json
 from typing import Annotated, Any, Literal
 
+import jsonschema
 import numpy as np
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 from pydantic import BaseModel, Field
 
 from formline.automata.nfa import AutomatonLimitError
@@ -18,6 +22,7 @@ from formline.mask.reference import brute_force_allowed_ids
 from formline.parser.pushdown import build_pushdown, build_pushdown_reference
 from formline.schema import SchemaError, objects, schema_to_grammar
 from formline.schema.api import compile_schema, serialize_like_schema
+from formline.schema.compiler import MAX_INTEGER_BITS, check_nesting
 from formline.schema.json_text import string_body_except
 from formline.schema.patterns import length_node
 from formline.schema.report import KeywordUse, SchemaReport
@@ -121,6 +126,71 @@ def test_many_optional_properties_compile_linearly_and_count_bounds_hold() -> No
     assert not accepts({})
     unbounded = language(schema)
     assert unbounded({}) and unbounded({"p39": 0}) and not unbounded({"p39": 0, "p0": 1})
+
+
+@pytest.mark.parametrize("bounds", [(0, None), (1, None), (2, None), (0, 1), (1, 2), (3, 3)])
+def test_member_counts_accept_exactly_the_subsets_the_validator_accepts(
+    bounds: tuple[int, int | None],
+) -> None:
+    # Every required/optional pattern of three properties, every subset written in declared
+    # order: the member automaton (states "at property i, c written") against jsonschema.
+    minimum, maximum = bounds
+    names = ("a", "b", "c")
+    counts = {"minProperties": minimum} | ({} if maximum is None else {"maxProperties": maximum})
+    for required in itertools.product((False, True), repeat=3):
+        schema = {
+            "type": "object",
+            "properties": {name: {"type": "integer"} for name in names},
+            "required": [
+                name for name, is_needed in zip(names, required, strict=True) if is_needed
+            ],
+            "additionalProperties": False,
+            **counts,
+        }
+        instances = [
+            {name: 1 for name, is_in in zip(names, chosen, strict=True) if is_in}
+            for chosen in itertools.product((False, True), repeat=3)
+        ]
+        valid = [jsonschema.Draft202012Validator(schema).is_valid(one) for one in instances]
+        if not any(valid):  # more required than maxProperties: no value at all
+            with pytest.raises(SchemaError, match="accepts no value"):
+                language(schema)
+            continue
+        accepts = language(schema)
+        assert [accepts(one) for one in instances] == valid, schema
+
+
+def nesting_of(value: Any) -> tuple[int, bool]:
+    """The deepest level of ``value`` (itself at 0) and whether an integer there is too long
+    to print: what check_nesting tests, by recursion."""
+    children = list(value.values()) if isinstance(value, dict) else value
+    if not isinstance(value, dict | list):
+        return 0, isinstance(value, int) and value.bit_length() > MAX_INTEGER_BITS
+    found = [nesting_of(child) for child in children]
+    return 1 + max((depth for depth, _ in found), default=-1), any(big for _, big in found)
+
+
+json_values = st.recursive(
+    st.none()
+    | st.booleans()
+    | st.integers(-(2**70), 2**70)
+    | st.sampled_from([10**4100, -(10**4100)])
+    | st.text(max_size=2),
+    lambda children: (
+        st.lists(children, max_size=3) | st.dictionaries(st.text(max_size=2), children, max_size=3)
+    ),
+    max_leaves=12,
+)
+
+
+@given(json_values, st.integers(0, 5))
+def test_the_nesting_check_agrees_with_a_recursive_walk(value: Any, limit: int) -> None:
+    deepest, has_huge_integer = nesting_of(value)
+    if deepest <= limit and not has_huge_integer:
+        check_nesting(value, limit)
+    else:
+        with pytest.raises(SchemaError, match=r"nested deeper|digits"):
+            check_nesting(value, limit)
 
 
 def test_many_optional_properties_leave_few_stacks_after_a_value(

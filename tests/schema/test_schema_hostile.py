@@ -16,11 +16,11 @@ import pytest
 from hostile_inputs import GRAMMARS, SCHEMAS, HostileGrammar, HostileSchema, nested
 
 from formline import GrammarCompiler
-from formline.grammar.budget import CompileBudget, CompileLimitError
+from formline.grammar.budget import CompileBudget, CompileLimitError, Deadline
 from formline.grammar.ir import Grammar, GrammarError
 from formline.mask import GrammarMatcher, allocate_token_bitmask, compile_grammar
 from formline.mask.compiler import CompileCache
-from formline.schema import SchemaError, compile_schema
+from formline.schema import SchemaError, compile_schema, schema_to_grammar
 from formline.vocab import Vocabulary
 
 HANG_GUARD_SECONDS = 30.0
@@ -96,6 +96,21 @@ def test_the_time_budget_stops_a_slow_compile(smollm2_vocab: Vocabulary) -> None
         )
     assert raised.value.limit == "seconds" and "time budget of 0.05 s" in str(raised.value)
     assert time.perf_counter() - started < HANG_GUARD_SECONDS
+
+
+def test_a_past_deadline_names_the_schema_object_it_stopped_at() -> None:
+    passed = Deadline(time.monotonic() - 1, 0.5)
+    with pytest.raises(SchemaError, match="while compiling the schema at /; ") as raised:
+        schema_to_grammar({"type": "object"}, cache=fresh_cache(), deadline=passed)
+    assert raised.value.limit == "seconds"
+
+
+def test_a_schema_that_holds_itself_is_refused_as_too_deep() -> None:
+    # The cache key's JSON dump runs without its cycle check: the nesting check goes first.
+    looped: dict[str, Any] = {"type": "object"}
+    looped["properties"] = {"again": looped}
+    with pytest.raises(SchemaError, match="nested deeper than"):
+        schema_to_grammar(looped, cache=fresh_cache())
 
 
 def test_the_grammar_compiler_applies_its_budget(smollm2_vocab: Vocabulary) -> None:

@@ -112,13 +112,19 @@ def sequence(*items: Node) -> Node:
 
 
 def choice(options: list[Node]) -> Node:
-    """An alternation without NOTHING options and without duplicates."""
-    kept = list(
-        dict.fromkeys(option for option in options if type(option) is not Choice or option.options)
-    )
+    """An alternation without NOTHING options and without duplicates (the first of equal
+    options stays). A dictionary filled in a loop, not made from a generator: a choice of
+    two took 0.40 µs compiled, 0.23 now (choice() was 3-4% of the slowest schemas'
+    schema-to-IR)."""
+    kept: dict[Node, None] = {}
+    for option in options:
+        if type(option) is not Choice or option.options:
+            kept[option] = None
     if not kept:
         return NOTHING
-    return kept[0] if len(kept) == 1 else Choice(tuple(kept))
+    if len(kept) == 1:
+        return next(iter(kept))
+    return Choice(tuple(kept))
 
 
 def minimized(node: Node) -> Node:

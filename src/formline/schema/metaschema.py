@@ -62,23 +62,33 @@ def _is_valid_fast(schema: dict[str, Any] | bool) -> bool:
     except Exception:  # an unknown $schema and the like: the Python check decides
         return False
     checker = validator_for(schema, default=Draft202012Validator).FORMAT_CHECKER
+    # A string's verdict, once per (string, format): a schema names one "$ref" target many
+    # times (meltano.schema: 51 references to 20 targets, 0.75 µs a check).
+    verdicts: dict[tuple[str, str], bool] = {}
     pending: list[Any] = [schema]
     while pending:
         node = pending.pop()
         if isinstance(node, list):
-            pending.extend(node)
+            for value in node:
+                if isinstance(value, dict | list):
+                    pending.append(value)
             continue
-        if not isinstance(node, dict):
+        if not isinstance(node, dict):  # a boolean root schema
             continue
         for key, value in node.items():
-            if isinstance(value, str) and key in FORMAT_OF_KEYWORD:
-                conforms = checker.conforms(value, FORMAT_OF_KEYWORD[key])
-            elif key == "patternProperties" and isinstance(value, dict):
-                conforms = all(checker.conforms(name, "regex") for name in value)
-            else:
-                conforms = True
-            if not conforms:
-                return False
             if isinstance(value, dict | list):
+                if (
+                    key == "patternProperties"
+                    and isinstance(value, dict)
+                    and not all(checker.conforms(name, "regex") for name in value)
+                ):
+                    return False
                 pending.append(value)
+            elif isinstance(value, str) and key in FORMAT_OF_KEYWORD:
+                asked = (value, FORMAT_OF_KEYWORD[key])
+                verdict = verdicts.get(asked)
+                if verdict is None:
+                    verdict = verdicts[asked] = checker.conforms(*asked)
+                if not verdict:
+                    return False
     return True

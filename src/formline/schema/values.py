@@ -64,7 +64,7 @@ def typed_value(
 ) -> Node:
     """The alternation of one branch per JSON type ``schema`` allows."""
     declared = type_set(schema, pointer)
-    types = set(ALL_TYPES) if declared is None else set(declared)
+    types = set(ALL_TYPES) if declared is None else declared  # type_set made it: ours
     if declared is not None:
         compiler.record("enforced", "type", pointer)
     if schema.get("nullable") is True:
@@ -94,16 +94,8 @@ def typed_value(
         elif name == "array":
             branches.append(array_value(compiler, schema, pointer, resolver, depth))
         else:
-            branches.append(_object_value(compiler, schema, pointer, resolver, depth))
+            branches.append(compiler.object_value(schema, pointer, resolver, depth))
     return choice(branches)
-
-
-def _object_value(
-    compiler: SchemaCompiler, schema: Schema, pointer: str, resolver: Any, depth: int
-) -> Node:
-    from formline.schema.objects import object_value
-
-    return object_value(compiler, schema, pointer, resolver, depth)
 
 
 def _has_type_keywords(schema: Schema) -> bool:
@@ -113,6 +105,10 @@ def _has_type_keywords(schema: Schema) -> bool:
 def _record_inapplicable(
     compiler: SchemaCompiler, schema: Schema, types: set[str], pointer: str
 ) -> None:
+    # Most schema objects hold no keyword of another type: their keys are tested once each,
+    # not the 30 keywords of the seven types against the object.
+    if not any(keyword in ALL_TYPE_KEYWORDS for keyword in schema):
+        return
     for type_name, keywords in TYPE_KEYWORDS.items():
         if type_name in types or (type_name == "number" and "integer" in types):
             continue
