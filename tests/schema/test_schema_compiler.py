@@ -22,8 +22,13 @@ from formline.mask.reference import brute_force_allowed_ids
 from formline.parser.pushdown import build_pushdown, build_pushdown_reference
 from formline.schema import SchemaError, objects, schema_to_grammar
 from formline.schema.api import compile_schema, serialize_like_schema
-from formline.schema.compiler import MAX_INTEGER_BITS, check_nesting
-from formline.schema.json_text import string_body_except
+from formline.schema.compiler import (
+    MAX_INTEGER_BITS,
+    SchemaCompiler,
+    SchemaOptions,
+    check_nesting,
+)
+from formline.schema.json_text import NOTHING, string_body_except
 from formline.schema.patterns import length_node
 from formline.schema.report import KeywordUse, SchemaReport
 
@@ -158,6 +163,26 @@ def test_member_counts_accept_exactly_the_subsets_the_validator_accepts(
             continue
         accepts = language(schema)
         assert [accepts(one) for one in instances] == valid, schema
+
+
+def test_member_states_are_counted_by_the_places_that_reach_them() -> None:
+    # The counts decide which states become called rules past the inline budget (a state
+    # reached from two places), so they are pinned, not only the language: optional a,
+    # required b, optional c, states (index, written) at index * 2 + written.
+    compiler = SchemaCompiler({"type": "object"}, SchemaOptions())
+    schema = {"properties": {"a": {}, "b": {}, "c": {}}, "required": ["b"]}
+    members = objects._Members(compiler, schema, "", compiler.resolver, 0)
+    members._declare()
+    members.counted = 2
+    nexts = members._nexts()
+    assert nexts == [1, 1]
+    counts = members._reachable(nexts)
+    # (0,0) once; a: (1,0) and (1,1) once each; b from both: (2,1) twice; c: (3,1) once
+    assert counts == [1, 0, 1, 1, 0, 2, 0, 1]
+    # Inlined, a state is its member and what follows from each way on: (3,1) is the empty
+    # extra (1 node), (2,1) = m + 1, (1,0) = (1,1) = m + (2,1), (0,0) = m + (1,0) + (1,1).
+    size = expanded_size(members.declared[0][1])
+    assert members._inline_size(counts, nexts, NOTHING) == 5 * size + 2
 
 
 def nesting_of(value: Any) -> tuple[int, bool]:

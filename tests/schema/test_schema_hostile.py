@@ -105,12 +105,18 @@ def test_a_past_deadline_names_the_schema_object_it_stopped_at() -> None:
     assert raised.value.limit == "seconds"
 
 
-def test_a_schema_that_holds_itself_is_refused_as_too_deep() -> None:
-    # The cache key's JSON dump runs without its cycle check: the nesting check goes first.
+def test_a_schema_that_holds_itself_is_refused() -> None:
+    # Through dicts the nesting check refuses it; through a tuple (which that check does not
+    # walk) the cache key's JSON dump does, with its cycle check: without it a RecursionError
+    # (or, with a raised recursion limit, a crash).
     looped: dict[str, Any] = {"type": "object"}
     looped["properties"] = {"again": looped}
     with pytest.raises(SchemaError, match="nested deeper than"):
         schema_to_grammar(looped, cache=fresh_cache())
+    through_tuple: dict[str, Any] = {"type": "object"}
+    through_tuple["properties"] = {"a": {"enum": (through_tuple,)}}
+    with pytest.raises(ValueError, match="Circular reference"):
+        schema_to_grammar(through_tuple, cache=fresh_cache())
 
 
 def test_the_grammar_compiler_applies_its_budget(smollm2_vocab: Vocabulary) -> None:

@@ -169,10 +169,11 @@ def schema_to_grammar(
     # Before anything recurses over the schema (json.dumps below does): 1,000 nested
     # objects overflowed the stack in the cache key.
     check_nesting(schema, 2 * options.max_depth)
-    # Key order matters: property order is part of the grammar (no sort_keys). No cycle
-    # check: check_nesting has refused a cycle (it nests without end) and the check's
-    # bookkeeping was a fifth of the dump (o65417's 29 kB: 157 -> 124 µs).
-    key = json.dumps([schema, repr(options)], default=str, check_circular=False)
+    # Key order matters: property order is part of the grammar (no sort_keys). The cycle
+    # check stays: check_nesting walks dicts and lists only, and a schema that holds itself
+    # through a tuple reaches the dump (without the check: RecursionError, or a crash with
+    # a raised recursion limit).
+    key = json.dumps([schema, repr(options)], default=str)
     running = deadline or (budget or CompileBudget()).start()
 
     built: list[tuple[Grammar, SchemaReport]] = []

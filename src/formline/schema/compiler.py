@@ -276,7 +276,7 @@ class SchemaCompiler:
         memo = self.memo
         if depth > memo.deepest:
             memo.deepest = depth
-        if schema is True or (not schema and schema == {}):  # no {} made for a full one
+        if schema is True or schema == {}:
             return self.any_value()
         schema = as_object(schema, pointer)
         reused = memo.find(schema, resolver, depth, max_depth)

@@ -147,7 +147,8 @@ class _Members:
         compiler, resolver, pointer = self.compiler, self.resolver, self.pointer
         depth, value_of = self.depth + 1, compiler.value
         space, colon = self.text.space, self.text.token(b":")
-        has_patterns = bool(schema.get("patternProperties"))
+        patterns = schema.get("patternProperties")
+        has_patterns = isinstance(patterns, dict) and len(patterns) > 0  # as member_schema
         names = list(properties)
         names += [name for name in schema.get("required", []) if name not in properties]
         allowed_names = self._names_allowed(names)
