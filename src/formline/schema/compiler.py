@@ -232,26 +232,13 @@ class SchemaCompiler:
 
     def _replay(self, reused: Reused, pointer: str) -> None:
         """The report entries and reference counts of ``reused``'s compile, again, at
-        ``pointer``: what compiling the same object here would have recorded. An entry is
-        recorded in line, not through :meth:`record` (meltano.schema replays 801 events in
-        167 replays; the calls and :func:`moved`'s were 3% of its schema-to-IR)."""
-        add = self.report.add
-        events = self.memo.events
-        old = reused.pointer
-        below = old + "/"
-        for event in events[reused.first_event : reused.last_event]:
-            tag = event[0]
-            if tag == "add":
+        ``pointer``: what compiling the same object here would have recorded."""
+        for event in self.memo.events[reused.first_event : reused.last_event]:
+            if event[0] == "add":
                 _, kind, keyword, where, note = event
-                # moved(where, old, pointer), in line
-                if where == old:
-                    where = pointer
-                elif not old or where.startswith(below):
-                    where = pointer + where[len(old) :]
-                add(kind, keyword, where, note)
-                events.append(("add", kind, keyword, where, note))
-            elif tag == "withdraw":
-                self.withdraw(event[1], moved(event[2], old, pointer))
+                self.record(kind, keyword, moved(where, reused.pointer, pointer), note)
+            elif event[0] == "withdraw":
+                self.withdraw(event[1], moved(event[2], reused.pointer, pointer))
             else:
                 self.count_reference(event[1])
 
