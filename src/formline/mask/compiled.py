@@ -79,6 +79,7 @@ class CompileStatistics:
     escape_groups: int = 0  # escape leftover entries so far
     states_walked: int = 0
     closed_states: int = 0  # states whose walks take whole subtrees of the trie at once
+    piece_transitions: int = 0  # byte transitions within those states' pieces
     alike_walks: int = 0  # walks that took their short tokens from an alike state
     bounded_walks: int = 0  # walks that took their short tokens from a bounded piece
     from_cache: str = "none"  # "none", "memory" or "disk"
@@ -273,6 +274,7 @@ class CompiledGrammar:
         stats.escape_groups = walked["escape_entries"]
         stats.states_walked = walked["states_walked"]
         stats.closed_states = walked["closed_states"]
+        stats.piece_transitions = walked["piece_transitions"]
         stats.alike_walks = walked["alike_walks"]
         stats.bounded_walks = walked["bounded_walks"]
         return stats

@@ -66,6 +66,7 @@ cdef extern from "kernel.hpp" namespace "formline" nogil:
         int64_t escape_checks
         int64_t memory_bytes
         int64_t closed_states
+        int64_t piece_transitions
         int64_t alike_walks
         int64_t bounded_walks
 
@@ -986,8 +987,9 @@ cdef class NativeMaskKernel:
 
     def statistics(self):
         """``dict`` of the walks so far: states walked, unique masks, escape entries and
-        checks, the bytes the caches hold, and the states whose walks take closed subtrees
-        of the vocabulary's trie whole (a string's content and its UTF-8 states), and the
+        checks, the bytes the caches hold, the states whose walks take closed subtrees
+        of the vocabulary's trie whole (a string's content and its UTF-8 states) and the byte
+        transitions within their pieces, and the
         walks that took their short tokens from an alike state (a counted string's
         positions) or from a bounded piece (a counted string's first position)."""
         cdef KernelStatistics stats = self.kernel.statistics()
@@ -998,6 +1000,7 @@ cdef class NativeMaskKernel:
             "escape_checks": stats.escape_checks,
             "memory_bytes": stats.memory_bytes,
             "closed_states": stats.closed_states,
+            "piece_transitions": stats.piece_transitions,
             "alike_walks": stats.alike_walks,
             "bounded_walks": stats.bounded_walks,
         }
