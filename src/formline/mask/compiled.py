@@ -79,7 +79,7 @@ class CompileStatistics:
     escape_groups: int = 0  # escape leftover entries so far
     states_walked: int = 0
     closed_states: int = 0  # states whose walks take whole subtrees of the trie at once
-    piece_transitions: int = 0  # byte transitions within those states' pieces
+    piece_transitions: int = 0  # byte transitions in the tables of the pieces kept
     alike_walks: int = 0  # walks that took their short tokens from an alike state
     bounded_walks: int = 0  # walks that took their short tokens from a bounded piece
     from_cache: str = "none"  # "none", "memory" or "disk"

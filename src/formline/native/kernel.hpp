@@ -56,7 +56,7 @@ struct KernelStatistics {
   int64_t escape_checks = 0;
   int64_t memory_bytes = 0;
   int64_t closed_states = 0;  // states whose walks take closed subtrees whole
-  int64_t piece_transitions = 0;  // byte transitions within those states' pieces
+  int64_t piece_transitions = 0;  // byte transitions in the tables of the pieces kept
   int64_t alike_walks = 0;    // walks that took their short tokens from an alike state
   int64_t bounded_walks = 0;  // walks that took their short tokens from a bounded piece
 };
@@ -573,12 +573,16 @@ class MaskKernel {
   // not worth a piece.
   static constexpr int kClosedMinimum = 32;
   static constexpr size_t kPieceSearch = 64;
-  static constexpr size_t kPlaceSlots = 256;  // a power of two, over twice kPieceSearch
+  static constexpr int kPlaceBits = 8;  // component_of's table of places: 256 slots
+  static constexpr size_t kPlaceSlots = size_t{1} << kPlaceBits;
+  static_assert(kPieceSearch <= 127, "a place is an int8_t");
+  static_assert(kPlaceSlots >= 2 * kPieceSearch, "a probe must meet an empty slot");
 
   // The plain states reachable from `state` (at most kPieceSearch) that reach it back, and
   // the piece's transitions among them (count x 256, -1: leaves the piece). Costs
-  // kPieceSearch x 256 row reads at most (their rows expanded): about 10 µs a JSON string
-  // field's piece on Llama-3 (61 rows read), 18-25 µs when every byte was tested and stored.
+  // kPieceSearch + kPieceStates row reads at most (their rows expanded; the members' rows
+  // twice): about 10 µs a JSON string field's piece on Llama-3 (61 rows searched), 18-25 µs
+  // when every byte was tested and stored.
   std::vector<int32_t> component_of(int32_t state, std::vector<int8_t>& piece) const {
     std::vector<int32_t> reached{state};
     std::vector<std::pair<int32_t, int32_t>> edges;  // (from, to) positions in `reached`
@@ -588,7 +592,7 @@ class MaskKernel {
     int8_t slot_place[kPlaceSlots];
     std::fill(slot_state, slot_state + kPlaceSlots, -1);
     auto slot_of = [&](int32_t target) {
-      size_t slot = (static_cast<uint32_t>(target) * 2654435761u) & (kPlaceSlots - 1);
+      size_t slot = (static_cast<uint32_t>(target) * 2654435761u) >> (32 - kPlaceBits);
       while (slot_state[slot] != -1 && slot_state[slot] != target) slot = (slot + 1) & (kPlaceSlots - 1);
       return slot;
     };
@@ -668,6 +672,10 @@ class MaskKernel {
       if (!members.empty() && members.size() <= static_cast<size_t>(TokenTable::kPieceStates))
         closed = table_->closed_below(piece);
     }
+    // What the masks cannot show (a transition lost from a piece only walks more nodes):
+    // the transitions in the table of each piece kept, counted before the lock.
+    const auto transitions = closed == nullptr ? 0 : std::count_if(
+        closed->transitions.begin(), closed->transitions.end(), [](int8_t q) { return q >= 0; });
     std::lock_guard<SpinMutex> guard(piece_mutex_);
     if (closed != nullptr) {
       bool kept = false;
@@ -682,10 +690,7 @@ class MaskKernel {
         closed_states_.fetch_add(1, std::memory_order_relaxed);
       }
       if (kept) {
-        // What the masks cannot show: a transition lost from a piece only walks more nodes.
-        const auto& table = closed->transitions;
-        const auto inside = std::count_if(table.begin(), table.end(), [](int8_t q) { return q >= 0; });
-        piece_transitions_.fetch_add(inside, std::memory_order_relaxed);
+        piece_transitions_.fetch_add(transitions, std::memory_order_relaxed);
         closed_owners_.push_back(std::move(closed));
       }
     }
