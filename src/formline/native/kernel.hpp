@@ -640,7 +640,7 @@ class MaskKernel {
 
   // Calls visit(begin, end, target) for each run of bytes [begin, end) of `row` that go to
   // one plain state: a compare a byte, the target tested once a run (a test and a stored
-  // pair for every byte were half of a piece's search).
+  // pair for every byte were about a third of a piece's search).
   template <typename Visit>
   void for_each_run(const int32_t* row, Visit&& visit) const {
     for (int begin = 0; begin < 256;) {
