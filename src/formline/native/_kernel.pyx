@@ -989,7 +989,7 @@ cdef class NativeMaskKernel:
         """``dict`` of the walks so far: states walked, unique masks, escape entries and
         checks, the bytes the caches hold, the states whose walks take closed subtrees
         of the vocabulary's trie whole (a string's content and its UTF-8 states) and the byte
-        transitions within their pieces, and the
+        transitions in the tables of the pieces they took, and the
         walks that took their short tokens from an alike state (a counted string's
         positions) or from a bounded piece (a counted string's first position)."""
         cdef KernelStatistics stats = self.kernel.statistics()
