@@ -106,17 +106,27 @@ def test_a_past_deadline_names_the_schema_object_it_stopped_at() -> None:
 
 
 def test_a_schema_that_holds_itself_is_refused() -> None:
-    # Through dicts the nesting check refuses it; through a tuple (which that check does not
-    # walk) the cache key's JSON dump does, with its cycle check: without it a RecursionError
-    # (or, with a raised recursion limit, a crash).
+    # The nesting check refuses it, through dicts and through a tuple (an array to the cache
+    # key's JSON dump, whose own cycle check raised a bare ValueError before).
     looped: dict[str, Any] = {"type": "object"}
     looped["properties"] = {"again": looped}
     with pytest.raises(SchemaError, match="nested deeper than"):
         schema_to_grammar(looped, cache=fresh_cache())
     through_tuple: dict[str, Any] = {"type": "object"}
     through_tuple["properties"] = {"a": {"enum": (through_tuple,)}}
-    with pytest.raises(ValueError, match="Circular reference"):
+    with pytest.raises(SchemaError, match="nested deeper than"):
         schema_to_grammar(through_tuple, cache=fresh_cache())
+
+
+def test_tuples_nested_past_the_limit_are_refused_with_their_pointer() -> None:
+    # A tuple is an array to the JSON dump of the cache key, which recursed 100,000 deep
+    # (RecursionError) before the nesting check walked tuples.
+    value: Any = 1
+    for _ in range(100_000):
+        value = (value,)
+    with pytest.raises(SchemaError, match="nested deeper than") as raised:
+        schema_to_grammar({"enum": [value]}, cache=fresh_cache())
+    assert raised.value.pointer.startswith("/enum/0/0/0")
 
 
 def test_the_grammar_compiler_applies_its_budget(smollm2_vocab: Vocabulary) -> None:

@@ -169,10 +169,9 @@ def schema_to_grammar(
     # Before anything recurses over the schema (json.dumps below does): 1,000 nested
     # objects overflowed the stack in the cache key.
     check_nesting(schema, 2 * options.max_depth)
-    # Key order matters: property order is part of the grammar (no sort_keys). The cycle
-    # check stays: check_nesting walks dicts and lists only, and a schema that holds itself
-    # through a tuple reaches the dump (without the check: RecursionError, or a crash with
-    # a raised recursion limit).
+    # Key order matters: property order is part of the grammar (no sort_keys). The dump's
+    # cycle check stays, a second guard: check_nesting refuses a schema that holds itself
+    # through the dicts, lists and tuples the dump writes.
     key = json.dumps([schema, repr(options)], default=str)
     running = deadline or (budget or CompileBudget()).start()
 

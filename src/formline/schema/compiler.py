@@ -492,7 +492,7 @@ def _is_nesting_within(root: Any, limit: int) -> bool:
             return False
         if isinstance(node, dict):
             children: Any = node.values()
-        elif isinstance(node, list):
+        elif isinstance(node, list | tuple):  # a tuple is an array to the JSON dump too
             children = node
         elif isinstance(node, int) and node.bit_length() > MAX_INTEGER_BITS:
             return False
@@ -500,7 +500,7 @@ def _is_nesting_within(root: Any, limit: int) -> bool:
             continue
         deeper = depth + 1
         for child in children:
-            if isinstance(child, dict | list):
+            if isinstance(child, dict | list | tuple):
                 pending.append(child)
                 depths.append(deeper)
             elif deeper > limit or (
@@ -522,7 +522,7 @@ def _raise_nesting_error(root: Any, limit: int) -> None:
                 (value, depth + 1, f"{pointer}/{escape_pointer(str(key))}")
                 for key, value in node.items()
             )
-        elif isinstance(node, list):
+        elif isinstance(node, list | tuple):
             pending.extend(
                 (value, depth + 1, f"{pointer}/{index}") for index, value in enumerate(node)
             )
