@@ -1,13 +1,15 @@
 """Masks of a whole batch at once: new configurations filled on native threads.
 
-XGrammar's ``BatchGrammarMatcher`` and llguidance's parallel fill in one shape. Rows whose
-mask is cached are copied at once (natively, GIL released). The others' distinct
+XGrammar's ``BatchGrammarMatcher`` and llguidance's parallel fill in one shape. One pass over
+the rows finds the cached masks and groups the rest by configuration; the distinct new
 configurations go to one native call (``native/batch.hpp``) that walks the states they need,
-each once and widest first, then fills them, on ``max_threads`` threads without the GIL.
+each once and widest first, then fills them, on ``max_threads`` threads without the GIL; then
+one native copy writes every row (GIL released).
 """
 
 from __future__ import annotations
 
+import operator
 import os
 import sys
 import threading
@@ -18,10 +20,19 @@ import numpy as np
 
 from formline.mask.compiled import CompiledGrammar
 from formline.mask.matcher import GrammarMatcher
-from formline.native import copy_masks, fill_masks, prepare_helpers, release_helpers
+from formline.native import (
+    MatcherCore,
+    copy_masks,
+    fill_masks,
+    prepare_helpers,
+    release_helpers,
+)
 from formline.parser.pushdown import Stack
 
 StateKey = tuple[frozenset[Stack], bool, bool]  # GrammarMatcher.state_key()
+# A configuration to fill: its grammar, stacks, can_end, and the rows that need it.
+Missing = tuple[CompiledGrammar, frozenset[Stack], bool, list[int]]
+_compiled_of = operator.attrgetter("compiled")
 
 
 class BatchGrammarMatcher:
@@ -52,26 +63,22 @@ class BatchGrammarMatcher:
         """
         target, device_tensor = _numpy_target(bitmask)
         rows = self._rows(len(matchers), indices, target.shape[0])
-        # One compiled grammar for a whole batch is the common case: its words are read once
-        # (per matcher, the property chain cost 32 µs for 64 rows, an eighth of a hot fill).
-        grammars = {id(matcher.compiled): matcher.compiled for matcher in matchers}
+        grammars = _grammars_of(matchers)
         needed = max((compiled.words for compiled in grammars.values()), default=0)
         if target.shape[1] < needed:
             raise ValueError(
                 f"the bitmask's rows have {target.shape[1]} words; the vocabulary needs {needed}"
             )
-        states = [matcher.state_key() for matcher in matchers]
-        found, hits, misses = _look_up(matchers, states, grammars)
-        # Cached rows are copied in one native call (a copy per row cost 1.5 µs of buffer
-        # handling, more than the 16 KiB copy itself); the rest are filled natively first.
-        if hits:
-            copy_masks(found, target, rows if not misses else rows[hits])
-        if misses:
-            computed = self._fill_new(
-                [matchers[k] for k in misses] if hits else matchers,
-                [states[k] for k in misses] if hits else states,
-            )
-            copy_masks(computed, target, rows if not hits else rows[misses])
+        states = list(map(MatcherCore.state_key, matchers))
+        masks, missing = _look_up(states, matchers, grammars)
+        if missing:
+            self._fill_missing(missing, masks, len(matchers))
+        # One native copy for every row (a copy per row cost 1.5 µs of buffer handling, more
+        # than the 16 KiB copy itself), on the calling thread, after the fill: copied on the
+        # thread that filled each mask, the 2-thread cold fill took 460-470 µs against 410
+        # (the other core's writes to the bitmask's lines), and the next fill's copies 57 µs
+        # against 47.
+        copy_masks(masks, target, rows)
         if device_tensor is not None:
             torch = sys.modules["torch"]
             device_tensor.copy_(torch.from_numpy(target))
@@ -94,58 +101,44 @@ class BatchGrammarMatcher:
             raise ValueError(f"a row index is outside the bitmask's {available} rows")
         return rows
 
-    def _fill_new(
-        self, matchers: Sequence[GrammarMatcher], states: Sequence[StateKey]
-    ) -> list[np.ndarray]:
-        """The masks of rows not cached, each distinct configuration filled once (64 rows of
-        the batch benchmark hold 30), then cached. Costs the new states' walks and one fill
-        per configuration, spread over the threads; under the GIL, about 0.5 µs a row."""
-        # Woken before the rows below are read, the helpers are running when the fill
-        # reaches them (a woken thread began 80-120 µs after its wake on a 2-core VM, about
-        # what 64 rows take here; see native/pool.hpp); released after it, they park.
-        threads = self.max_threads if len(matchers) > 1 else 1
+    def _fill_missing(self, missing: list[Missing], masks: list[Any], row_count: int) -> None:
+        """Fill each configuration of ``missing`` once (64 rows of the batch benchmark hold 30),
+        cache it, and put it in ``masks`` at its rows. Costs the new states' walks and one fill
+        per configuration, spread over the threads without the GIL.
+
+        Raises:
+            ParserLimitError: a walk needed more stacks than its grammar's limit.
+        """
+        # Woken before the configurations below are flattened, the helpers are running when
+        # the fill reaches them (a woken thread began 80-120 µs after its wake on a 2-core VM;
+        # see native/pool.hpp); released after it, they park.
+        threads = self.max_threads if row_count > 1 else 1
         prepare_helpers(threads)
         try:
-            return self._fill_configurations(matchers, states, threads)
+            kernels, configurations, can_ends, outputs = [], [], [], []
+            # One pass makes the fill's arguments, places each mask in its rows and lists
+            # what to cache. With the one-pass lookup, the caller's part of a 64-row cold fill
+            # went from 90-92 to 77-78 µs; most of what is left is cache misses on these
+            # objects after a compile (this loop: 26 µs, 12 when run again at once).
+            remembered: dict[int, tuple[CompiledGrammar, list]] = {}
+            for grammar, stacks, can_end, positions in missing:
+                words = np.empty(grammar.words, dtype=np.uint32)
+                for position in positions:
+                    masks[position] = words
+                kernels.append(grammar.kernel)
+                configurations.append(stacks)
+                can_ends.append(can_end)
+                outputs.append(words)
+                entry = remembered.get(id(grammar))
+                if entry is None:
+                    entry = remembered[id(grammar)] = (grammar, [])
+                entry[1].append((stacks, can_end, words))
+            status = fill_masks(kernels, configurations, can_ends, outputs, threads)
         finally:
             release_helpers(threads)
-
-    @staticmethod
-    def _fill_configurations(
-        matchers: Sequence[GrammarMatcher], states: Sequence[StateKey], threads: int
-    ) -> list[np.ndarray]:
-        # The copies into the bitmask stay on the calling thread, after the fill: copied on
-        # the thread that filled each mask, the 2-thread cold fill took 460-470 µs against
-        # 410 (the other core's writes to the bitmask's lines), and the next fill's copies
-        # 57 µs against 47.
-        configurations: dict[tuple[int, frozenset[Stack], bool], np.ndarray] = {}
-        owners: list[CompiledGrammar] = []
-        per_row: list[np.ndarray] = []
-        for matcher, (stacks, can_end, _) in zip(matchers, states, strict=True):
-            compiled = matcher.compiled
-            key = (id(compiled), stacks, can_end)
-            words = configurations.get(key)
-            if words is None:
-                words = configurations[key] = np.empty(compiled.words, dtype=np.uint32)
-                owners.append(compiled)
-            per_row.append(words)
-        keys = list(configurations)
-        outputs = list(configurations.values())
-        status = fill_masks(
-            [compiled.kernel for compiled in owners],
-            [key[1] for key in keys],
-            [key[2] for key in keys],
-            outputs,
-            threads,
-        )
-        owners[0].check_status(status)  # the stack limit: the one error a fill returns
-        remembered: dict[int, tuple[CompiledGrammar, list]] = {}
-        for compiled, key, words in zip(owners, keys, outputs, strict=True):
-            entry = remembered.setdefault(id(compiled), (compiled, []))
-            entry[1].append((key[1], key[2], words))
-        for compiled, entries in remembered.values():
-            compiled.remember_masks(entries)
-        return per_row
+        missing[0][0].check_status(status)  # the stack limit: the one error a fill returns
+        for grammar, entries in remembered.values():
+            grammar.remember_masks(entries)
 
     def batch_accept_token(
         self, matchers: Sequence[GrammarMatcher], token_ids: Sequence[int]
@@ -175,39 +168,41 @@ def default_batch_matcher() -> BatchGrammarMatcher:
         return _default
 
 
+def _grammars_of(matchers: Sequence[GrammarMatcher]) -> dict[int, CompiledGrammar]:
+    """The batch's compiled grammars by id: one for a whole batch is the common case, so its
+    words and cache are read once (per matcher, the property chain cost 32 µs for 64 rows, an
+    eighth of a hot fill)."""
+    compiled = list(map(_compiled_of, matchers))
+    if len(set(map(id, compiled))) == 1:
+        return {id(compiled[0]): compiled[0]}
+    return {id(grammar): grammar for grammar in compiled}
+
+
 def _look_up(
+    states: list[StateKey],
     matchers: Sequence[GrammarMatcher],
-    states: Sequence[StateKey],
     grammars: dict[int, CompiledGrammar],
-) -> tuple[list[np.ndarray], list[int], list[int]]:
-    """The cached masks of ``matchers`` (in ``states``; terminated ones: the stop-token
-    mask), the positions they are at, and the positions of the rest. One lock per grammar,
-    not one per row (64 rows: 25 µs one by one, 6 µs so)."""
-    cached: list[np.ndarray | None]
-    if len(grammars) == 1:  # the common case, without grouping the rows
+) -> tuple[list[Any], list[Missing]]:
+    """The cached mask of each row (``None`` where missing) and the configurations not
+    cached, each with its grammar and rows: one pass and one lock per grammar
+    (:meth:`CompiledGrammar.look_up_masks`)."""
+    if len(grammars) == 1:  # the common case, without splitting the rows
         only = next(iter(grammars.values()))
-        cached = only.cached_masks([(stacks, can_end) for stacks, can_end, _ in states])
-    else:
-        cached = [None] * len(matchers)
-        rows_of: dict[int, list[int]] = {}
-        for position, matcher in enumerate(matchers):
-            rows_of.setdefault(id(matcher.compiled), []).append(position)
-        for grammar, positions in rows_of.items():
-            looked_up = grammars[grammar].cached_masks([states[k][:2] for k in positions])
-            for position, words in zip(positions, looked_up, strict=True):
-                cached[position] = words
-    found: list[np.ndarray] = []
-    hits: list[int] = []
-    misses: list[int] = []
-    for position, (matcher, words, state) in enumerate(zip(matchers, cached, states, strict=True)):
-        if state[2]:  # terminated: only a stop token
-            words = matcher.compiled.eos_mask
-        if words is None:
-            misses.append(position)
-        else:
-            found.append(words)
-            hits.append(position)
-    return found, hits, misses
+        found, missing = only.look_up_masks(states)
+        return found, [(only, *key, positions) for key, positions in missing.items()]
+    masks: list[Any] = [None] * len(states)
+    missing_rows: list[Missing] = []
+    rows_of: dict[int, list[int]] = {}
+    for position, matcher in enumerate(matchers):
+        rows_of.setdefault(id(matcher.compiled), []).append(position)
+    for grammar_id, positions in rows_of.items():
+        grammar = grammars[grammar_id]
+        found, missing = grammar.look_up_masks([states[k] for k in positions])
+        for position, words in zip(positions, found, strict=True):
+            masks[position] = words
+        for key, members in missing.items():
+            missing_rows.append((grammar, *key, [positions[k] for k in members]))
+    return masks, missing_rows
 
 
 def _numpy_target(bitmask: Any) -> tuple[np.ndarray, Any]:

@@ -318,18 +318,36 @@ class CompiledGrammar:
             while len(cache) > self._mask_cache_entries:
                 cache.popitem(last=False)
 
-    def cached_masks(
-        self, keys: Sequence[tuple[frozenset[Stack], bool]]
-    ) -> list[np.ndarray | None]:
-        """:meth:`cached_mask` for each ``(stacks, can_end)``, under one lock (a batch of 64
-        rows: 25 µs one by one, 6 µs so)."""
+    def look_up_masks(
+        self, states: list[tuple[frozenset[Stack], bool, bool]]
+    ) -> tuple[list[np.ndarray | None], dict[tuple[frozenset[Stack], bool], list[int]]]:
+        """For each matcher state ``(stacks, can_end, terminated)``: its cached mask (a
+        terminated one: the stop-token mask) or ``None``; and the configurations not cached,
+        in first-seen order, each with the positions of its states. One lock for the whole
+        batch (64 rows: 25 µs one by one, 6 µs so), and one pass (a second one to group the
+        rows not cached took 19 µs of a 64-row cold fill)."""
+        found: list[np.ndarray | None] = []
+        missing: dict[tuple[frozenset[Stack], bool], list[int]] = {}
+        eos_mask = self.eos_mask
         with self._lock:
             cache = self._mask_cache
-            found = [cache.get(key) for key in keys]
-            for key, words in zip(keys, found, strict=True):
-                if words is not None:
-                    cache.move_to_end(key)
-        return found
+            get, touch = cache.get, cache.move_to_end
+            for position, (stacks, can_end, terminated) in enumerate(states):
+                if terminated:
+                    found.append(eos_mask)
+                    continue
+                key = (stacks, can_end)
+                words = get(key)
+                if words is None:
+                    positions = missing.get(key)
+                    if positions is None:
+                        missing[key] = [position]
+                    else:
+                        positions.append(position)
+                else:
+                    touch(key)
+                found.append(words)
+        return found, missing
 
     def cached_mask(self, stacks: frozenset[Stack], can_end: bool) -> np.ndarray | None:
         """The configuration's mask if it is cached, else ``None`` (nothing is computed)."""
