@@ -352,6 +352,17 @@ def test_one_batch_of_two_grammars_equals_the_reference(smollm2_vocab) -> None:
         )
 
 
+def test_an_empty_batch_writes_no_row(smollm2_vocab) -> None:
+    # vLLM's processor passes no matcher on a step where every row is forced or closed.
+    bitmask = allocate_token_bitmask(2, smollm2_vocab.size)
+    bitmask[:] = 7
+    BatchGrammarMatcher(max_threads=2).batch_fill_next_token_bitmask([], bitmask)
+    assert (bitmask == 7).all()
+    no_rows = np.zeros((0, bitmask.shape[1]), dtype=np.int32)
+    BatchGrammarMatcher(max_threads=2).batch_fill_next_token_bitmask([], no_rows)
+    assert no_rows.shape == (0, bitmask.shape[1])
+
+
 def test_the_native_batch_checks_its_arguments(smollm2_vocab) -> None:
     compiled = GrammarCompiler(smollm2_vocab, disk_cache=False).compile_json_schema(SCHEMAS[0])
     grammar = compiled.compiled_grammar

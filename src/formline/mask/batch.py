@@ -31,7 +31,7 @@ from formline.parser.pushdown import Stack
 
 StateKey = tuple[frozenset[Stack], bool, bool]  # GrammarMatcher.state_key()
 # A configuration to fill: its grammar, stacks, can_end, and the rows that need it.
-Missing = tuple[CompiledGrammar, frozenset[Stack], bool, list[int]]
+MissingConfiguration = tuple[CompiledGrammar, frozenset[Stack], bool, list[int]]
 _compiled_of = operator.attrgetter("compiled")
 
 
@@ -72,7 +72,7 @@ class BatchGrammarMatcher:
         states = list(map(MatcherCore.state_key, matchers))
         masks, missing = _look_up(states, matchers, grammars)
         if missing:
-            self._fill_missing(missing, masks, len(matchers))
+            self._fill_missing(missing, masks)
         # One native copy for every row (a copy per row cost 1.5 µs of buffer handling, more
         # than the 16 KiB copy itself), on the calling thread, after the fill: copied on the
         # thread that filled each mask, the 2-thread cold fill took 460-470 µs against 410
@@ -101,7 +101,7 @@ class BatchGrammarMatcher:
             raise ValueError(f"a row index is outside the bitmask's {available} rows")
         return rows
 
-    def _fill_missing(self, missing: list[Missing], masks: list[Any], row_count: int) -> None:
+    def _fill_missing(self, missing: list[MissingConfiguration], masks: list[Any]) -> None:
         """Fill each configuration of ``missing`` once (64 rows of the batch benchmark hold 30),
         cache it, and put it in ``masks`` at its rows. Costs the new states' walks and one fill
         per configuration, spread over the threads without the GIL.
@@ -112,14 +112,19 @@ class BatchGrammarMatcher:
         # Woken before the configurations below are flattened, the helpers are running when
         # the fill reaches them (a woken thread began 80-120 µs after its wake on a 2-core VM;
         # see native/pool.hpp); released after it, they park.
-        threads = self.max_threads if row_count > 1 else 1
+        # A single new row (one sequence meeting a new state) is filled on this thread, as
+        # its own matcher would fill it: its configuration usually has one stack top to
+        # walk, which a helper could not share.
+        is_one_row = len(missing) == 1 and len(missing[0][3]) == 1
+        threads = 1 if is_one_row else self.max_threads
         prepare_helpers(threads)
         try:
             kernels, configurations, can_ends, outputs = [], [], [], []
             # One pass makes the fill's arguments, places each mask in its rows and lists
-            # what to cache. With the one-pass lookup, the caller's part of a 64-row cold fill
-            # went from 90-92 to 77-78 µs; most of what is left is cache misses on these
-            # objects after a compile (this loop: 26 µs, 12 when run again at once).
+            # what to cache. With the lookups, this loop and the copies one pass each, the
+            # caller's part of a 64-row cold fill went from 90-92 to 77-78 µs; most of what
+            # is left is cache misses on these objects after a compile (this loop: 26 µs, 12
+            # when run again at once).
             remembered: dict[int, tuple[CompiledGrammar, list]] = {}
             for grammar, stacks, can_end, positions in missing:
                 words = np.empty(grammar.words, dtype=np.uint32)
@@ -182,7 +187,7 @@ def _look_up(
     states: list[StateKey],
     matchers: Sequence[GrammarMatcher],
     grammars: dict[int, CompiledGrammar],
-) -> tuple[list[Any], list[Missing]]:
+) -> tuple[list[Any], list[MissingConfiguration]]:
     """The cached mask of each row (``None`` where missing) and the configurations not
     cached, each with its grammar and rows: one pass and one lock per grammar
     (:meth:`CompiledGrammar.look_up_masks`)."""
@@ -191,7 +196,7 @@ def _look_up(
         found, missing = only.look_up_masks(states)
         return found, [(only, *key, positions) for key, positions in missing.items()]
     masks: list[Any] = [None] * len(states)
-    missing_rows: list[Missing] = []
+    missing_configurations: list[MissingConfiguration] = []
     rows_of: dict[int, list[int]] = {}
     for position, matcher in enumerate(matchers):
         rows_of.setdefault(id(matcher.compiled), []).append(position)
@@ -201,8 +206,8 @@ def _look_up(
         for position, words in zip(positions, found, strict=True):
             masks[position] = words
         for key, members in missing.items():
-            missing_rows.append((grammar, *key, [positions[k] for k in members]))
-    return masks, missing_rows
+            missing_configurations.append((grammar, *key, [positions[k] for k in members]))
+    return masks, missing_configurations
 
 
 def _numpy_target(bitmask: Any) -> tuple[np.ndarray, Any]:
