@@ -516,6 +516,26 @@ def test_compile_schema_gives_matcher_report_after_check_and_schema_order(
     assert not refused.accept_string(b'{"tags"')
 
 
+def test_a_cache_hit_unpacks_its_report_when_first_read(smollm2_vocab: Any) -> None:
+    cache = CompileCache(disk_cache=False)
+    schema = {
+        "type": "object",
+        "properties": {
+            "name": {"type": "string", "maxLength": 12},
+            "tags": {"type": "array", "items": {"type": "string"}, "uniqueItems": True},
+        },
+    }
+    first = compile_schema(schema, smollm2_vocab, cache=cache)
+    hit = compile_schema(schema, smollm2_vocab, cache=cache)
+    # A server's request never reads it: meltano.schema's unpacking was 91 µs of a 249 µs hit.
+    assert not isinstance(hit._report, SchemaReport)
+    report = hit.report
+    assert report == first.report and report is not first.report
+    assert hit.report is report  # unpacked once
+    assert ("uniqueItems", "/properties/tags") in kinds(report, "checked_after")
+    assert ("maxLength", "/properties/name") in kinds(report, "enforced")
+
+
 def test_values_under_pattern_properties_are_written_in_their_schema_order() -> None:
     service = {
         "type": "object",

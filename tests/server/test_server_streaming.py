@@ -25,6 +25,9 @@ from formline.server.streaming import ChoiceStream, ChunkWriter
 
 WORDS = "[a-z ]{120}"  # long enough that decoding outlasts the first chunks (~40 tokens)
 LONG_WORDS = "[a-z ]{350}"  # ~120 tokens: about 1 s of decoding, cut short by the tests
+# ~380 tokens, for the 0.5 s limit's tests: in one full test run the streamed answer to
+# LONG_WORDS (its compile cached by the test before) ended without meeting the limit.
+PAST_THE_LIMIT_WORDS = "[a-z ]{1100}"
 
 
 def stream_words(client: Any, model: str, pattern: str, max_tokens: int) -> Any:
@@ -96,7 +99,7 @@ def test_a_decode_past_the_time_limit_is_stopped_with_a_504(
         "model": model,
         "messages": ask("Write some words."),
         "max_tokens": 400,
-        "guided_regex": LONG_WORDS,
+        "guided_regex": PAST_THE_LIMIT_WORDS,
     }
     request = urllib.request.Request(
         f"{server.url}/v1/chat/completions", json.dumps(body).encode(), method="POST"
@@ -116,7 +119,7 @@ def test_a_streamed_decode_past_the_time_limit_ends_with_an_error_event(
     client: Any, model: str, server: BackgroundServer, short_limit: Engine
 ) -> None:
     wait_until_idle(server)
-    stream = stream_words(client, model, LONG_WORDS, 400)
+    stream = stream_words(client, model, PAST_THE_LIMIT_WORDS, 400)
     with pytest.raises(openai.APIError, match="per request"):
         for _ in stream:
             pass
