@@ -358,9 +358,10 @@ def test_an_empty_batch_writes_no_row(smollm2_vocab) -> None:
     bitmask[:] = 7
     BatchGrammarMatcher(max_threads=2).batch_fill_next_token_bitmask([], bitmask)
     assert (bitmask == 7).all()
+    # A bitmask of no rows: nothing to write, and nothing may raise (an IndexError on a
+    # first matcher, or a copy to a row that is not there).
     no_rows = np.zeros((0, bitmask.shape[1]), dtype=np.int32)
     BatchGrammarMatcher(max_threads=2).batch_fill_next_token_bitmask([], no_rows)
-    assert no_rows.shape == (0, bitmask.shape[1])
 
 
 def test_the_native_batch_checks_its_arguments(smollm2_vocab) -> None:
