@@ -32,8 +32,8 @@ from formline.schema.api import (
     CompiledSchema,
     SchemaCheck,
     compile_schema,
+    schema_grammar,
     schema_of,
-    schema_to_grammar,
 )
 from formline.schema.closing import close_objects
 from formline.schema.compiler import SchemaOptions, check_nesting
@@ -159,8 +159,7 @@ class Constraint:
         if self.kind == "text":
             return None
         if self.is_json:
-            grammar, _ = schema_to_grammar(self._compiled_schema_source(), **self._options())
-            return grammar
+            return schema_grammar(self._compiled_schema_source(), **self._options())
         if self.kind == "regex":
             return Grammar.from_regex(self.value)
         if self.kind == "choice":

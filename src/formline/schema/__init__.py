@@ -5,7 +5,13 @@ grammar for a :class:`~formline.mask.GrammarMatcher`, ``report`` (enforced / che
 unsupported, with JSON pointers) and ``check(instance)``, the after-check.
 """
 
-from formline.schema.api import CompiledSchema, compile_schema, schema_of, schema_to_grammar
+from formline.schema.api import (
+    CompiledSchema,
+    compile_schema,
+    schema_grammar,
+    schema_of,
+    schema_to_grammar,
+)
 from formline.schema.compiler import SchemaOptions
 from formline.schema.report import KeywordUse, SchemaError, SchemaReport
 
@@ -16,6 +22,7 @@ __all__ = [
     "SchemaOptions",
     "SchemaReport",
     "compile_schema",
+    "schema_grammar",
     "schema_of",
     "schema_to_grammar",
 ]

@@ -175,32 +175,40 @@ def schema_to_grammar(
     Costs milliseconds for typical schemas; cached in memory by the schema's text (in
     ``cache``, default the process-wide :class:`~formline.mask.compiler.CompileCache`).
     """
-    grammar, report = _schema_grammar(
-        source,
-        whitespace=whitespace,
-        on_unsupported=on_unsupported,
-        max_string_length=max_string_length,
-        cache=cache,
-        budget=budget,
-        deadline=deadline,
-    )
+    options = SchemaOptions(whitespace, on_unsupported, max_string_length)
+    running = deadline or (budget or CompileBudget()).start()
+    grammar, report = _schema_grammar(source, options, cache, running)
     return grammar, report if isinstance(report, SchemaReport) else SchemaReport.unpack(report)
 
 
-def _schema_grammar(
+def schema_grammar(
     source: Any,
     *,
-    whitespace: int | None,
-    on_unsupported: str,
-    max_string_length: int | None,
-    cache: CompileCache | None,
-    budget: CompileBudget | None,
-    deadline: Deadline | None,
+    whitespace: int | None = None,
+    on_unsupported: str = "error",
+    max_string_length: int | None = None,
+    cache: CompileCache | None = None,
+    budget: CompileBudget | None = None,
+) -> Grammar:
+    """The tokenizer-free grammar of a schema without its report: what a caller that reads
+    only the grammar needs (a server's tool-calling grammar, vLLM's ``validate_params``, the
+    linter). On a cache hit the report stays packed: unpacking meltano.schema's was 140 of
+    the 345 µs :func:`schema_to_grammar` took.
+
+    Raises:
+        SchemaError, ValueError: as :func:`schema_to_grammar`.
+    Costs as :func:`schema_to_grammar`, less the report on a cache hit.
+    """
+    options = SchemaOptions(whitespace, on_unsupported, max_string_length)
+    return _schema_grammar(source, options, cache, (budget or CompileBudget()).start())[0]
+
+
+def _schema_grammar(
+    source: Any, options: SchemaOptions, cache: CompileCache | None, running: Deadline
 ) -> tuple[Grammar, SchemaReport | PackedReport]:
     """:func:`schema_to_grammar`, a cache hit's report left packed (its caller may never
     read it). Raises and costs as that function does."""
     schema = schema_of(source)
-    options = SchemaOptions(whitespace, on_unsupported, max_string_length)
     # Before anything recurses over the schema (json.dumps below does): 1,000 nested
     # objects overflowed the stack in the cache key.
     check_nesting(schema, 2 * options.max_depth)
@@ -208,7 +216,6 @@ def _schema_grammar(
     # cycle check stays, a second guard: check_nesting refuses a schema that holds itself
     # through the dicts, lists and tuples the dump writes.
     key = json.dumps([schema, repr(options)], default=str)
-    running = deadline or (budget or CompileBudget()).start()
 
     built: list[tuple[Grammar, SchemaReport]] = []
 
@@ -277,15 +284,8 @@ def compile_schema(
     chosen = cache if cache is not None else default_cache(disk_cache)
     budget = budget or CompileBudget()
     deadline = budget.start()
-    grammar, report = _schema_grammar(
-        schema,
-        whitespace=whitespace,
-        on_unsupported=on_unsupported,
-        max_string_length=max_string_length,
-        cache=chosen,
-        budget=None,
-        deadline=deadline,
-    )
+    options = SchemaOptions(whitespace, on_unsupported, max_string_length)
+    grammar, report = _schema_grammar(schema, options, chosen, deadline)
     try:
         compiled = chosen.compile(grammar, vocabulary, budget, deadline)
     except CompileLimitError as error:
@@ -294,7 +294,6 @@ def compile_schema(
         ) from error
     except GrammarError as error:
         raise SchemaError(f"the schema's grammar cannot be compiled: {error}") from error
-    options = SchemaOptions(whitespace, on_unsupported, max_string_length)
     return CompiledSchema(schema, grammar, compiled, report, options)
 
 

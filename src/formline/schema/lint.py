@@ -29,7 +29,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any, Literal
 from urllib.parse import unquote
 
-from formline.schema.api import schema_of, schema_to_grammar
+from formline.schema.api import schema_grammar, schema_of
 from formline.schema.compiler import check_nesting
 from formline.schema.report import SchemaError
 
@@ -219,7 +219,7 @@ def lint_schema(source: Any, provider: str | None = None) -> list[LintFinding]:
         return [_compile_error(error)]
     findings: list[LintFinding] = []
     try:
-        schema_to_grammar(schema)
+        schema_grammar(schema)
     except SchemaError as error:
         findings.append(_compile_error(error))
     except RecursionError:  # the compiler's recursion (seen on objects of ~500 properties)
