@@ -16,7 +16,8 @@ measured minutes apart before: 1.03x, 1.38x and 1.78x in three runs of one build
 ``--helpers-running`` wakes formline's helper thread 0.4 ms before each 2-thread fill, so it
 is already running when the fill begins, as on a machine whose idle CPUs wake at once (on
 this project's VMs a parked thread starts 20-100 µs after its wake; a diagnostic, written to
-``--output`` like the rest). Writes ``bench/results/batch.md``.
+``--output`` like the rest). Writes ``bench/results/batch.md``. What bounds the speed-up on
+a machine, whatever the fill's Python part: ``python -m bench.diagnostics.batch_bound``.
 """
 
 from __future__ import annotations
@@ -63,6 +64,14 @@ INSTANCE = {
     "score": 97.5,
     "active": True,
 }
+
+
+def instance_tokens(path: Path) -> tuple[Vocabulary, list[int]]:
+    """The vocabulary of the GGUF file at ``path``, and :data:`INSTANCE`'s compact JSON text
+    in its tokenizer's tokens (the rows' tokens)."""
+    tokenizer, _ = load_tokenizer(path)
+    text = json.dumps(INSTANCE, separators=(",", ":"))
+    return Vocabulary.from_gguf(path), tokenizer.encode(text, add_special_tokens=False)
 
 
 def formline_rows(compiler: GrammarCompiler, tokens: list[int], rows: int) -> list[Any]:
@@ -183,10 +192,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     arguments = parser.parse_args(argv)
     path = fixture_path(arguments.vocabulary)
-    vocabulary = Vocabulary.from_gguf(path)
-    tokenizer, _ = load_tokenizer(path)
-    text = json.dumps(INSTANCE, separators=(",", ":"))
-    tokens = tokenizer.encode(text, add_special_tokens=False)
+    vocabulary, tokens = instance_tokens(path)
     figures: dict[str, Any] = {
         "formline": time_formline(
             vocabulary, tokens, arguments.rows, arguments.repeats, arguments.helpers_running
