@@ -6,6 +6,8 @@ import json
 from pathlib import Path
 from typing import Any
 
+import jsonschema
+
 from formline.cli.main import main
 
 PERSON = Path(__file__).resolve().parents[2] / "examples" / "person.json"
@@ -55,15 +57,16 @@ def test_extract_writes_one_line_per_input_and_resumes(tmp_path: Path, capsys: A
 
 def test_extract_with_the_repair_loop_records_attempts(tmp_path: Path) -> None:
     documents = tmp_path / "docs.jsonl"
-    documents.write_text(
-        json.dumps({"id": "a", "text": "Ada Lovelace, 36, lives in London."}) + "\n"
-    )
+    text = "Ada Lovelace, 36, lives in London."
+    documents.write_text(json.dumps({"id": "a", "text": text}) + "\n")
     output = tmp_path / "out.jsonl"
     arguments = ["extract", "--schema", str(PERSON), "--input", str(documents)]
     assert main([*arguments, "--output", str(output), "--repair", "2", "--ground"]) == 0
     (row,) = [json.loads(line) for line in output.read_text().splitlines()]
-    assert 1 <= row["attempts"] <= 2
-    assert (row["value"] is None) == (row["error"] is not None)
+    assert 1 <= row["attempts"] <= 2 and row["error"] is None and row["errors"] == []
+    jsonschema.validate(row["value"], json.loads(PERSON.read_text()))
+    # --ground: every string value is a span of the text (an ungrounded one is repaired).
+    assert all(value in text for value in row["value"].values() if isinstance(value, str))
 
 
 def test_generate_verbatim_copies_the_values_from_the_prompt(capsys: Any) -> None:

@@ -46,8 +46,9 @@ def test_string_typed_answer_is_coerced_then_scored(scripted: Any, person: Any) 
     backend = scripted(RIGHT.replace("29", '"29"'))
     record = run_task(person, VARIANTS["string-typed"], backend, 50)
     assert record["value"]["age"] == 29 and record["valid"] and record["scores"]["age"]
-    constrained = run_task(person, VARIANTS["constrained"], scripted(RIGHT), 50)
-    assert "JSON Schema" not in backend.prompts[0]
+    masked = scripted(RIGHT)
+    constrained = run_task(person, VARIANTS["constrained"], masked, 50)
+    assert "JSON Schema" not in masked.prompts[0]  # the mask alone: the schema not described
     summary = summarize_variant([person], [constrained])
     assert summary["fields_correct"] == 1.0 and summary["mask_ms_per_token"] == pytest.approx(
         2 / 12

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import time
+from typing import Any
 
 import numpy as np
 import pytest
@@ -21,6 +22,8 @@ from formline.mask import (
     clear_memory_cache,
     compile_grammar,
 )
+from formline.mask import bitmask as bitmask_module
+from formline.mask.bitmask import apply_token_bitmask_reference
 from formline.mask.reference import brute_force_allowed_ids
 from formline.vocab import Vocabulary
 
@@ -153,10 +156,15 @@ def test_bitmask_apply_torch() -> None:
 
 
 @pytest.mark.parametrize("seed", range(6))
-def test_bitmask_apply_torch_rows_equal_numpy(seed: int) -> None:
-    """The vectorised torch kernel (a vLLM batch) masks exactly what numpy masks, row by row:
-    selected rows only, logits wider than the bitmask, a 1-D bfloat16 row."""
+@pytest.mark.parametrize("path", ["native", "torch"])
+def test_bitmask_apply_torch_rows_equal_numpy(seed: int, path: str, monkeypatch: Any) -> None:
+    """Both ways torch logits are masked equal the bit-by-bit reference, row by row: selected
+    rows only, logits wider than the bitmask, a 1-D bfloat16 row. Contiguous CPU logits take
+    the native kernel; strided ones (or a GPU's) the vectorised torch kernel of a vLLM batch,
+    checked here on a strided view, with the native kernel made to fail if it is called."""
     torch = pytest.importorskip("torch", reason="needs torch: pip install torch==2.13.0")
+    if path == "torch":
+        monkeypatch.setattr(bitmask_module, "_apply_native", _must_not_be_called)
     rng = np.random.default_rng(seed)
     batch, vocab = 5, 100 + seed * 7
     bitmask = rng.integers(-(2**31), 2**31, size=(batch, (vocab + 31) // 32), dtype=np.int64)
@@ -164,15 +172,27 @@ def test_bitmask_apply_torch_rows_equal_numpy(seed: int) -> None:
     indices = sorted(rng.choice(batch, size=int(rng.integers(1, batch + 1)), replace=False))
     width = vocab + 9  # logits past the bitmask's coverage are disallowed
     expected = rng.normal(size=(batch, width)).astype(np.float32)
-    actual = torch.from_numpy(expected.copy())
-    apply_token_bitmask_inplace(expected, bitmask, indices=[int(i) for i in indices])
+    actual = _torch_logits(torch, expected, path, torch.float32)
+    apply_token_bitmask_reference(expected, bitmask, None, [int(i) for i in indices])
     apply_token_bitmask_inplace(actual, bitmask, indices=[int(i) for i in indices])
     assert np.array_equal(actual.numpy(), expected)
-    one_row = torch.zeros(width, dtype=torch.bfloat16)  # vLLM's CPU logits may be bf16
-    apply_token_bitmask_inplace(one_row, bitmask[0])
-    reference = np.zeros(width, dtype=np.float32)
-    apply_token_bitmask_inplace(reference, bitmask[0])
-    assert np.array_equal(one_row.float().numpy(), reference)
+    reference = np.zeros((1, width), dtype=np.float32)
+    one_row = _torch_logits(torch, reference, path, torch.bfloat16)[0]  # vLLM's CPU logits
+    apply_token_bitmask_inplace(one_row, bitmask[0])  # may be bf16
+    apply_token_bitmask_reference(reference, bitmask[:1], None, None)
+    assert np.array_equal(one_row.float().numpy(), reference[0])
+
+
+def _torch_logits(torch: Any, values: np.ndarray, path: str, dtype: Any) -> Any:
+    """A copy of ``values`` as torch logits of ``dtype``: contiguous, or for the torch path a
+    strided view (every other column of a tensor twice as wide)."""
+    if path == "native":
+        return torch.from_numpy(values.copy()).to(dtype)
+    return torch.from_numpy(np.repeat(values, 2, axis=1)).to(dtype)[:, ::2]
+
+
+def _must_not_be_called(*arguments: Any) -> None:
+    raise AssertionError("the native kernel ran where the torch kernel should")
 
 
 def test_compile_is_cached_in_memory_and_on_disk(tmp_path) -> None:

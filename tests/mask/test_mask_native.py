@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import dataclasses
 import gc
+import os
 import threading
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -543,13 +545,18 @@ def test_entries_that_grew_after_storing_are_dropped_within_an_eighth_of_the_sto
 
 def test_the_disk_store_evicts_the_least_recently_used(tmp_path) -> None:
     cache = CompileCache(disk_cache=tmp_path, disk_limit_bytes=10**9)
-    for k in range(5):
-        cache.compile(Grammar.from_regex(f"entry{k}[a-z]+"), VOCABULARY)
-    entries = sorted(tmp_path.glob(f"*{storage.SUFFIX}"))
-    assert len(entries) == 5
-    sizes = sorted(path.stat().st_size for path in entries)
-    storage.evict(tmp_path, sum(sizes[-2:]))
-    assert len(list(tmp_path.glob(f"*{storage.SUFFIX}"))) <= 2
+    grammars = [Grammar.from_regex(f"entry{k}[a-z]+") for k in range(5)]
+    entries: list[Path] = []
+    for k, grammar in enumerate(grammars):
+        cache.compile(grammar, VOCABULARY)
+        (entry,) = set(tmp_path.glob(f"*{storage.SUFFIX}")) - set(entries)
+        entries.append(entry)
+        os.utime(entry, (1_000_000 + k, 1_000_000 + k))  # entry 0 the oldest, 4 the newest
+    # Read back by another process's cache: a load makes entry 0 the most recently used.
+    again = CompileCache(disk_cache=tmp_path).compile(grammars[0], VOCABULARY)
+    assert again.compile_statistics.from_cache == "disk"
+    storage.evict(tmp_path, entries[0].stat().st_size + entries[4].stat().st_size)
+    assert set(tmp_path.glob(f"*{storage.SUFFIX}")) == {entries[0], entries[4]}
 
 
 def test_serialized_grammars_round_trip_without_pickle() -> None:

@@ -69,6 +69,8 @@ def test_every_prefix_gives_a_value_that_the_whole_extends(
     for character in text:
         reader.feed(character)
         partial = reader.complete_value()
+        # A cut is a promise that the text up to it, closed, is a value: nothing only before.
+        assert (partial is NOTHING) == (not reader.cut)
         assert partial is NOTHING or _is_prefix_of(partial, value)
     if isinstance(value, bool) or not isinstance(value, int | float):
         assert reader.value() == value  # a top-level number never ends: no delimiter follows

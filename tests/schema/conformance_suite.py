@@ -34,6 +34,7 @@ DRAFTS = {
     "draft7": "http://json-schema.org/draft-07/schema#",
 }
 PASS = "pass"
+AFTER_CHECK_FAILED = "the after-check could not run"  # schema.api.SchemaCheck's finding
 
 
 def suite_files(suite: Path = SUITE) -> Iterator[tuple[str, Path]]:
@@ -72,7 +73,13 @@ class Runner:
 
     def run_test(self, compiled: Any, test: dict[str, Any]) -> str:
         instance = test["data"]
-        expected_valid = test["valid"] and not compiled.check(instance)
+        # The suite's valid instances the after-check refuses are not held against the
+        # grammar (a format enforced as 2020-12 defines it, in an older draft). An after-check
+        # that could not run refuses nothing: the grammar must still accept them.
+        findings = compiled.check(instance)
+        expected_valid = test["valid"] and not [
+            finding for finding in findings if not finding.startswith(AFTER_CHECK_FAILED)
+        ]
         accepted = self.is_accepted(compiled, compiled.serialize(instance))
         if expected_valid:
             return PASS if accepted else "valid refused"

@@ -165,11 +165,23 @@ def test_a_character_split_across_tokens_is_sent_whole(llama_backend: Any) -> No
     for token in tokens:  # one token per step, as the decoding loop shows them
         output.append(token)
         stream.listener.on_output(output)
-    stream.finish(ChoiceOutput(text, "stop"))
-    chunks = [json.loads(event.removeprefix("data: ")) for event in events if event]
-    contents = [c["choices"][0]["delta"].get("content") or "" for c in chunks]
+    # What the steps streamed, before finish() sends whatever they held back.
+    contents = [delta for delta in map(_content, events) if delta]
     assert "".join(contents) == text and "\ufffd" not in "".join(contents)
+    assert len(contents) > 1  # streamed step by step, each delta whole characters
+    streamed = len(events)
+    stream.finish(ChoiceOutput(text, "stop"))
+    assert not any(map(_content, events[streamed:]))  # nothing held back, nothing sent twice
+    chunks = [json.loads(event.removeprefix("data: ")) for event in events if event]
     assert chunks[-1]["choices"][0]["finish_reason"] == "stop"
+
+
+def _content(event: str) -> str:
+    """The content delta of a streamed chunk ("" for none)."""
+    if not event:
+        return ""
+    chunk = json.loads(event.removeprefix("data: "))
+    return chunk["choices"][0]["delta"].get("content") or ""
 
 
 def _is_split(piece: bytes) -> bool:

@@ -90,7 +90,9 @@ def test_recorded_steps_agree_with_the_output(trace: dict[str, Any]) -> None:
         assert 0.0 <= step["removed"] <= 1.0
         assert 1 <= step["allowed"] <= trace["vocabulary_size"]
         assert step["after"][0][0] == step["chosen"]  # greedy under the mask
-        assert step["refused"] == (step["preferred"] != step["before"][0][0]) or step["refused"]
+        assert step["preferred"] == step["before"][0][0]  # the model's first choice, unmasked
+        # Greedy under the mask: a first choice the mask kept is the token chosen.
+        assert step["refused"] == (step["before"][0][1] != step["chosen_id"])
         assert step["mask_ms"] >= 0 and step["forward_ms"] > 0
     assert steps[0]["live_bytes"] == "{"  # an object schema starts with '{'
     assert {row["path"] for row in run["pressure"]} <= {"(top level)", "name", "age"}
@@ -162,14 +164,14 @@ def test_token_boundaries_list_allowed_multi_byte_tokens(
             assert len(example["token"].encode()) >= 2 or len(example["walk"]) >= 2
             assert all(cell["allowed"] >= 1 for cell in example["walk"])
     index = max(range(len(steps)), key=lambda i: len(steps[i]["examples"]))
+    assert steps[index]["examples"]  # the page's table has rows to show
     page, errors = _open(browser, page_path)
     page.click('#steps button[data-step="4"]')
     page.fill("#token-slider", str(index))
     examples = steps[index]["examples"]
     rows = page.locator("#examples tr")
     assert rows.count() == len(examples) + 1  # a header row
-    if examples:
-        assert rows.nth(1).locator("td").first.text_content() == examples[0]["token"]
+    assert rows.nth(1).locator("td").first.text_content() == examples[0]["token"]
     assert errors == []
 
 
