@@ -9,6 +9,7 @@ from dataclasses import replace
 from typing import Any
 
 import numpy as np
+import pytest
 from helpers_mask import greedy_tokenize
 
 from formline.constraint import Constraint
@@ -67,6 +68,36 @@ def test_an_enum_item_written_once_cannot_start_or_end_again(smollm2_vocab: Any)
     narrowed = allowed(matcher, size)
     assert closing and not closing & narrowed  # "Kestrel Foods" again: refused at its end
     assert pieces_of(smollm2_vocab, narrowed) & {b" ", b" p", b" pl"}  # " plc" still open
+
+
+def scanning_every_allowed_token(matcher: DistinctItemsMatcher, size: int) -> set[int]:
+    """The policy's mask by its definition: every token the grammar allows, checked."""
+    inner = allowed(matcher.inner, size)
+    array = matcher.follower.item_array()
+    if array is None or not array.items:
+        return inner
+    choices = matcher._choices.get(array.path)
+    pieces = matcher.inner.compiled.vocabulary.token_bytes
+    refused = {token for token in inner if matcher._repeats(pieces[token], array.items, choices)}
+    return inner - refused if refused and len(refused) < len(inner) else inner
+
+
+@pytest.mark.parametrize("items", [{"type": "string"}, {"type": "string", "enum": NAMES}])
+def test_the_policy_scans_only_what_can_repeat_and_refuses_the_same(
+    smollm2_vocab: Any, items: dict[str, Any]
+) -> None:
+    # Only a token holding a quote can close or open an item, so only those are scanned
+    # (an enum's prefix: every allowed token); the mask must be the full scan's, at every
+    # byte of two repeats, spaced and not.
+    matcher = matcher_for(smollm2_vocab, parties_schema(items), whitespace=4)
+    size, checked, narrowed = smollm2_vocab.size, 0, 0
+    for byte in b'{"parties": ["Ann", "Kestrel Foods", "Ann", "Kestrel Foods"]}':
+        assert matcher.accept_string(bytes((byte,)))
+        expected = scanning_every_allowed_token(matcher, size)
+        assert allowed(matcher, size) == expected, bytes(matcher.follower.string)
+        checked += matcher.follower.item_array() is not None
+        narrowed += expected != allowed(matcher.inner, size)
+    assert checked > 20 and narrowed >= 2  # the policy was at work, and refused
 
 
 def test_free_items_are_refused_only_when_complete(smollm2_vocab: Any) -> None:

@@ -214,3 +214,14 @@ class TestByteDecoding:
         assert byte_fallback_value("<0xff>") == 255
         assert byte_fallback_value("<0x1>") is None
         assert byte_fallback_value("x<0x41>") is None
+
+
+@given(st.lists(st.binary(max_size=4), min_size=1, max_size=40), st.integers(0, 255))
+def test_tokens_with_a_byte_are_those_whose_bytes_hold_it(pieces: list[bytes], byte: int) -> None:
+    vocabulary = Vocabulary.from_list([b"<eos>", *pieces], eos_ids=[0])
+    ids = vocabulary.tokens_with_byte(byte)
+    expected = [k for k, piece in enumerate(vocabulary.token_bytes) if byte in piece]
+    assert ids.tolist() == expected  # the eos token's bytes too: special ids are not left out
+    assert vocabulary.tokens_with_byte(byte) is ids and not ids.flags.writeable  # cached
+    with pytest.raises(ValueError, match="0-255"):
+        vocabulary.tokens_with_byte(256)

@@ -20,6 +20,8 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
+
 from formline.errors import FormlineError
 from formline.vocab.prefix import TokenPrefixIndex
 
@@ -178,6 +180,34 @@ class Vocabulary:
         whole vocabulary on the first call (O(size)), then O(len(piece)) per lookup.
         """
         return self._id_by_piece.get(piece)
+
+    def tokens_with_byte(self, byte: int) -> np.ndarray:
+        """The ids of the tokens whose bytes hold ``byte`` (ascending, int64, read-only):
+        what a per-step policy scans instead of every allowed token (a JSON string's item can
+        close only in a token holding a quote: 163 of SmolLM2's 49,152 tokens, 1,345 of
+        Llama-3's 128,256).
+
+        Raises:
+            ValueError: ``byte`` is not in 0-255.
+        Cost: one vectorised pass over the vocabulary's bytes the first time for each byte
+        (a few ms for 128k tokens), then cached.
+        """
+        if not 0 <= byte <= 255:
+            raise ValueError(f"a byte is 0-255, not {byte}")
+        known = self._tokens_with_byte.get(byte)
+        if known is None:
+            pieces = self.token_bytes
+            ends = np.cumsum(np.fromiter(map(len, pieces), dtype=np.int64, count=len(pieces)))
+            data = np.frombuffer(b"".join(pieces), dtype=np.uint8)
+            # A byte at position p belongs to the first token whose end is past p.
+            known = np.unique(np.searchsorted(ends, np.flatnonzero(data == byte), side="right"))
+            known.setflags(write=False)
+            self._tokens_with_byte[byte] = known
+        return known
+
+    @functools.cached_property
+    def _tokens_with_byte(self) -> dict[int, np.ndarray]:
+        return {}
 
     @functools.cached_property
     def prefix_index(self) -> TokenPrefixIndex:
