@@ -237,9 +237,15 @@ def _apply_torch(
     if not rows:
         return
     vocab = logits_2d.shape[1]
-    mask_2d = mask_2d.to(logits.device)
     select = torch.tensor(rows, device=logits.device, dtype=torch.long)
-    words = mask_2d[select] if mask_2d.shape[0] > 1 else mask_2d.expand(len(rows), -1)
+    if mask_2d.shape[0] > 1:
+        # Only the selected rows go to the logits' device: vLLM's bitmask has a row per
+        # batch slot (up to 256 rows of Llama-3's 4,008 words: 4 MiB a step), most of them
+        # unconstrained.
+        taken = torch.tensor(rows, device=mask_2d.device, dtype=torch.long)
+        words = mask_2d[taken].to(logits.device)
+    else:
+        words = mask_2d.to(logits.device).expand(len(rows), -1)
     shifts = torch.arange(32, device=logits.device, dtype=torch.int32)
     flags = ((words.to(torch.int32).unsqueeze(-1) >> shifts) & 1).reshape(len(rows), -1)
     allowed = torch.zeros((len(rows), vocab), dtype=torch.bool, device=logits.device)
