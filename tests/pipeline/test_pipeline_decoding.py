@@ -10,6 +10,8 @@ from typing import Any
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from formline.backends.base import BackendError
 from formline.constraint import Constraint
@@ -144,6 +146,48 @@ def test_choose_token_greedy_sampled_and_refused() -> None:
     assert {choose_token(logits, 1.0, 0.5, rng) for _ in range(50)} == {1}  # top-p nucleus
     with pytest.raises(RuntimeError, match="no token"):
         choose_token(np.full(3, -np.inf, dtype=np.float32), 0.0, 1.0, rng)
+
+
+def sorted_nucleus_choice(
+    logits: np.ndarray, temperature: float, top_p: float, rng: np.random.Generator
+) -> int:
+    """choose_token's draw by its definition: every allowed token sorted (stable)."""
+    ids = np.flatnonzero(np.isfinite(logits))
+    scaled = logits[ids].astype(np.float64) / temperature
+    probs = np.exp(scaled - scaled.max())
+    probs /= probs.sum()
+    order = np.argsort(-probs, kind="stable")
+    cut = int(np.searchsorted(np.cumsum(probs[order]), top_p)) + 1
+    ids, probs = ids[order[:cut]], probs[order[:cut]]
+    cumulative = np.cumsum(probs)
+    pick = int(np.searchsorted(cumulative, rng.random() * cumulative[-1], side="right"))
+    return int(ids[min(pick, ids.size - 1)])
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    st.integers(0, 2**32 - 1),
+    st.sampled_from([300, 3_000, 49_152]),
+    st.sampled_from(["spread", "peaked", "ties", "masked"]),
+    st.floats(0.05, 0.99),
+    st.floats(0.3, 2.0),
+)
+def test_a_top_p_draw_is_the_full_sorts_draw(
+    seed: int, size: int, shape: str, top_p: float, temperature: float
+) -> None:
+    # The nucleus is found among the likeliest tokens first (a sort of all 49,152 took 3-4
+    # ms a step); the token drawn must be the one a sort of every allowed token gives.
+    data = np.random.default_rng(seed)
+    logits = (data.normal(size=size) * data.uniform(0.5, 6)).astype(np.float32)
+    if shape == "peaked":
+        logits[data.integers(0, size, 5)] += 12
+    elif shape == "ties":
+        logits = data.integers(0, 40, size).astype(np.float32) / 4
+    elif shape == "masked":
+        logits[data.random(size) < 0.9] = -np.inf
+        logits[0] = 0.0  # one allowed at least
+    chosen = choose_token(logits, temperature, top_p, np.random.default_rng(seed))
+    assert chosen == sorted_nucleus_choice(logits, temperature, top_p, np.random.default_rng(seed))
 
 
 ITEMS = {

@@ -305,6 +305,9 @@ class _Loop:
         return completion is not None and len(completion) + CLOSING_MARGIN_TOKENS <= left
 
 
+NUCLEUS_CANDIDATES = 256  # tokens sorted first for a top-p nucleus (most nuclei hold fewer)
+
+
 def choose_token(
     logits: np.ndarray, temperature: float, top_p: float, rng: np.random.Generator
 ) -> int:
@@ -313,8 +316,9 @@ def choose_token(
 
     Raises:
         RuntimeError: no token has a finite logit (a mask that allows nothing).
-    Costs O(V) for greedy; sampling adds an O(V log V) sort of the allowed tokens when
-    ``top_p < 1`` (about 3 ms for 49k unmasked tokens).
+    Costs O(V) for greedy; sampling with ``top_p < 1`` adds a partial selection of the
+    :data:`NUCLEUS_CANDIDATES` likeliest tokens and their sort, and a sort of every allowed
+    token only when those do not hold the nucleus.
     """
     if temperature <= 0:
         token = int(np.argmax(logits))
@@ -328,9 +332,26 @@ def choose_token(
     probs = np.exp(scaled - scaled.max())
     probs /= probs.sum()
     if top_p < 1.0:
-        order = np.argsort(-probs, kind="stable")
+        order = _nucleus_order(probs, top_p)
         cut = int(np.searchsorted(np.cumsum(probs[order]), top_p)) + 1
         ids, probs = ids[order[:cut]], probs[order[:cut]]
     cumulative = np.cumsum(probs)
     pick = int(np.searchsorted(cumulative, rng.random() * cumulative[-1], side="right"))
     return int(ids[min(pick, ids.size - 1)])
+
+
+def _nucleus_order(probs: np.ndarray, top_p: float) -> np.ndarray:
+    """The positions of ``probs`` by decreasing probability, ties by position (a stable
+    sort's order), far enough to hold the top-``top_p`` nucleus: the likeliest
+    :data:`NUCLEUS_CANDIDATES` (then 16 times as many), sorted, when they hold it (a stable
+    sort of 49,152 allowed tokens took 3-4 ms a sampled step), else every token sorted."""
+    for count in (NUCLEUS_CANDIDATES, 16 * NUCLEUS_CANDIDATES):
+        if probs.size <= 2 * count:
+            break
+        threshold = np.partition(probs, probs.size - count)[-count]
+        # Every token as likely as the threshold is kept, so ties sort as in a full sort.
+        candidates = np.flatnonzero(probs >= threshold)
+        order = candidates[np.lexsort((candidates, -probs[candidates]))]
+        if np.cumsum(probs[order])[-1] >= top_p:  # the nucleus is among them, in order
+            return order
+    return np.argsort(-probs, kind="stable")
