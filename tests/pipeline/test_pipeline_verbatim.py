@@ -77,6 +77,19 @@ def test_a_subschema_with_no_candidate_is_left_as_it_was() -> None:
     assert verbatim_schema(True, SOURCE) is True
 
 
+def test_a_number_the_schemas_step_refuses_is_no_candidate() -> None:
+    # Narrowed to [3, 7], a multipleOf 5 left no value: a valid schema made unsatisfiable
+    # (or, nullable, only null).
+    step = {"type": "object", "properties": {"qty": {"type": "integer", "multipleOf": 5}}}
+    assert verbatim_schema(step, "3 boxes of 7") == step
+    narrowed = verbatim_schema(step, "3 boxes of 10, 2.5 kg")["properties"]["qty"]
+    assert narrowed["enum"] == [10]
+    half = {"type": "object", "properties": {"kg": {"type": ["number", "null"], "multipleOf": 0.5}}}
+    assert verbatim_schema(half, "3 boxes of 10, 2.5 kg")["properties"]["kg"]["enum"] == [
+        3, 10, 2.5, None,
+    ]  # fmt: skip
+
+
 def test_generate_writes_only_what_the_prompt_says(llama_backend: Any) -> None:
     # The model "wants" an invented age; narrowed, the only integer the text states is 29.
     engine = ScriptedEngine(llama_backend, '{"name":"Chiamaka Eze","age":23}')

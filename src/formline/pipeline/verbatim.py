@@ -175,6 +175,11 @@ def _within(node: dict[str, Any], number: Decimal) -> bool:
         is_number = isinstance(bound, int | float) and not isinstance(bound, bool)
         if is_number and not holds(Decimal(str(bound))):
             return False
+    # Left out, a value the text states but the schema's step refuses made the narrowed
+    # enum empty (a valid schema unsatisfiable) or only null.
+    step = node.get("multipleOf")
+    if isinstance(step, int | float) and not isinstance(step, bool) and step > 0:
+        return number % Decimal(str(step)) == 0
     return True
 
 
