@@ -19,8 +19,14 @@ llama_cpp = pytest.importorskip(
     "llama_cpp", reason="needs the llama extra: pip install -e '.[llama]'"
 )
 
+from llama_cpp.llama_chat_format import Jinja2ChatFormatter  # noqa: E402
+
 from formline.backends import llama_cpp as backend_module  # noqa: E402
-from formline.backends.base import BackendError, default_model_path  # noqa: E402
+from formline.backends.base import (  # noqa: E402
+    BackendError,
+    ChatTemplateError,
+    default_model_path,
+)
 from formline.backends.llama_cpp import (  # noqa: E402
     LlamaCppBackend,
     LlamaCppLogitsProcessor,
@@ -84,6 +90,17 @@ def test_render_chat_uses_the_gguf_template_with_the_assistant_turn_open(
     prompt = chat(backend, "Hi there")
     assert "<|im_start|>user\nHi there<|im_end|>\n" in prompt
     assert prompt.endswith("<|im_start|>assistant\n")
+
+
+def test_a_template_that_refuses_the_messages_is_a_chat_template_error(
+    backend: LlamaCppBackend, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    refusing = Jinja2ChatFormatter(
+        template="{{ raise_exception('roles must alternate') }}", eos_token="", bos_token=""
+    )
+    monkeypatch.setattr(backend, "_chat_formatter", refusing)
+    with pytest.raises(ChatTemplateError, match="roles must alternate"):
+        chat(backend, "Hi there")
 
 
 def test_missing_model_file_is_a_backend_error(tmp_path: Path) -> None:

@@ -4,6 +4,7 @@ ignored); limits hold; the API key is enforced; concurrent requests stay valid a
 
 from __future__ import annotations
 
+import functools
 import json
 import threading
 import time
@@ -16,6 +17,8 @@ import jsonschema
 import openai
 import pytest
 
+from formline.grammar.budget import CompileBudget
+from formline.server import constraints as server_constraints
 from formline.server.app import BackgroundServer, create_app
 
 PERSON = {
@@ -37,6 +40,15 @@ def post(url: str, data: bytes, headers: dict[str, str] | None = None) -> tuple[
             return reply.status, json.load(reply)
     except urllib.error.HTTPError as error:
         return error.code, json.load(error)
+
+
+def post_to_a_server_of(engine: Any, body: dict[str, Any]) -> tuple[int, Any]:
+    """``body`` posted to /v1/chat/completions of a server of its own running ``engine``."""
+    running = BackgroundServer(create_app(engine)).start()
+    try:
+        return post(f"{running.url}/v1/chat/completions", json.dumps(body).encode())
+    finally:
+        running.stop()
 
 
 def refused(client: Any, model: str, **fields: Any) -> openai.APIStatusError:
@@ -209,12 +221,45 @@ def test_a_real_fault_is_500_and_logged(engine: Any, caplog: pytest.LogCaptureFi
     from formline.server.engine import Engine
 
     broken = Engine(BrokenBackend(engine.backend), engine.model_id, engine.limits)
-    running = BackgroundServer(create_app(broken)).start()
-    try:
-        body = {"model": engine.model_id, "messages": [{"role": "user", "content": "Hi"}]}
-        status, reply = post(f"{running.url}/v1/chat/completions", json.dumps(body).encode())
-    finally:
-        running.stop()
+    body = {"model": engine.model_id, "messages": [{"role": "user", "content": "Hi"}]}
+    status, reply = post_to_a_server_of(broken, body)
     assert status == 500 and reply["error"]["type"] == "server_error"
     assert "the engine crashed" in reply["error"]["message"]
     assert any("server fault" in record.getMessage() for record in caplog.records)
+
+
+def test_messages_the_chat_template_refuses_are_400(
+    engine: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A template's own check (raise_exception, as templates that need alternating roles
+    # do) is the request's fault: it was a 500.
+    formats = pytest.importorskip("llama_cpp.llama_chat_format", reason="needs the llama extra")
+    refusing = formats.Jinja2ChatFormatter(
+        template="{{ raise_exception('roles must alternate') }}", eos_token="", bos_token=""
+    )
+    monkeypatch.setattr(engine.backend, "_chat_formatter", refusing)
+    body = {"model": engine.model_id, "messages": [{"role": "user", "content": "Hi"}]}
+    status, reply = post_to_a_server_of(engine, body)
+    assert status == 400 and reply["error"]["param"] == "messages"
+    assert "roles must alternate" in reply["error"]["message"]
+
+
+def test_a_limit_met_while_decoding_is_400_naming_the_constraint(
+    engine: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # 0{3}[a-z]*a[a-z]{20} can need 2^21 DFA states, made as decoding reaches them: past
+    # a budget of 100, the first mask after "000" raises in the loop (it was a 500).
+    monkeypatch.setattr(
+        server_constraints, "CompileBudget", functools.partial(CompileBudget, dfa_states=100)
+    )
+    body = {
+        "model": engine.model_id,
+        "messages": [{"role": "user", "content": "Write a code."}],
+        "guided_regex": "0{3}[a-z]*a[a-z]{20}",
+        "max_tokens": 20,
+    }
+    status, reply = post_to_a_server_of(engine, body)
+    assert status == 400 and reply["error"]["code"] == "compile_limit_exceeded"
+    assert (
+        reply["error"]["param"] == "guided_regex" and "100 DFA states" in reply["error"]["message"]
+    )

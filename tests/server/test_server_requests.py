@@ -94,6 +94,14 @@ def test_an_answer_the_clients_schema_refuses_is_reported_not_stop() -> None:
     assert broken.finish_reason == INVALID_FINISH and broken.errors[0].startswith("not JSON")
 
 
+def test_an_answer_nested_past_the_json_reader_is_reported_not_a_fault() -> None:
+    # A json_object (or recursive) grammar lets 3,000 nested arrays through; json.loads
+    # raised RecursionError on them, a 500.
+    plan = Plan(Constraint("json_object", None), None)
+    deep = read_choice(generation("[" * 3000 + "]" * 3000), plan)
+    assert deep.finish_reason == INVALID_FINISH and "nests deeper" in deep.errors[0]
+
+
 def test_the_clients_format_is_checked_with_its_drafts_checker() -> None:
     check = SchemaCheck({"type": "string", "format": "date"})
     assert check.check("2024-02-30") and not check.check("2024-02-29")

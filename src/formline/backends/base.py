@@ -27,6 +27,11 @@ class BackendError(FormlineError, RuntimeError):
     """A model that cannot be loaded or run (missing file, missing package, bad format)."""
 
 
+class ChatTemplateError(BackendError):
+    """The model's chat template refused the messages (a template's own check, such as roles
+    that must alternate): the request's fault, not the model's."""
+
+
 class Backend(Protocol):
     """An inference engine formline can drive: what :func:`formline.pipeline.decoding.decode`
     needs, and nothing of the loop itself. One sequence at a time (the server serializes

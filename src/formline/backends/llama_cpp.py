@@ -24,7 +24,7 @@ from typing import Any
 
 import numpy as np
 
-from formline.backends.base import BackendError
+from formline.backends.base import BackendError, ChatTemplateError
 from formline.mask.bitmask import allocate_token_bitmask, apply_token_bitmask_inplace
 from formline.mask.matcher import GrammarMatcher
 from formline.vocab import Vocabulary
@@ -170,7 +170,7 @@ class LlamaCppBackend:
         try:
             return str(self._chat_formatter(messages=messages).prompt)
         except Exception as error:  # jinja2 raises many types; all mean "cannot render"
-            raise BackendError(f"the chat template failed to render: {error}") from error
+            raise ChatTemplateError(f"the chat template failed to render: {error}") from error
 
     def tokenize_prompt(self, prompt: str) -> list[int]:
         """The prompt's tokens: special-token texts parsed, a bos added where the model asks

@@ -20,7 +20,7 @@ from typing import Any
 
 import numpy as np
 
-from formline.backends.base import BackendError
+from formline.backends.base import BackendError, ChatTemplateError
 from formline.mask.batch import default_batch_matcher
 from formline.mask.bitmask import allocate_token_bitmask, apply_token_bitmask_inplace
 from formline.mask.compiled import CompiledGrammar
@@ -30,6 +30,7 @@ from formline.vocab.vocabulary import VocabularyError
 
 try:
     import torch
+    from jinja2 import TemplateError  # transformers renders chat templates with it
     from transformers import AutoModelForCausalLM, AutoTokenizer, LogitsProcessor
 except ImportError as _error:  # pragma: no cover - depends on the environment
     raise BackendError(
@@ -108,6 +109,8 @@ class TransformersBackend:
             text = self.tokenizer.apply_chat_template(
                 messages, tokenize=False, add_generation_prompt=True
             )
+        except TemplateError as error:  # the template's own check (raise_exception)
+            raise ChatTemplateError(f"the chat template failed to render: {error}") from error
         except ValueError as error:  # transformers: "no chat template"
             raise BackendError(f"{self.model_path}: {error}") from error
         return str(text)

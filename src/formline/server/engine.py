@@ -31,9 +31,11 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 from typing import Any, Protocol
 
-from formline.backends.base import Backend, BackendError
-from formline.constraint import Plan
+from formline.backends.base import Backend, BackendError, ChatTemplateError
+from formline.constraint import Plan, compile_error_message
+from formline.grammar.budget import CompileLimitError
 from formline.mask.tagged import TaggedMatcher
+from formline.parser.pushdown import ParserLimitError
 from formline.pipeline.decoding import Generation, Sampling, decode
 from formline.pipeline.generate import (
     DEFAULT_DESCRIBE,
@@ -43,6 +45,7 @@ from formline.pipeline.generate import (
     without_rationale,
 )
 from formline.pipeline.listeners import StepListener
+from formline.schema.api import parse_output
 from formline.server.constraints import plan_output
 from formline.server.errors import ApiError
 from formline.server.requests import ChatRequest, Limits
@@ -240,6 +243,13 @@ class Engine:
             if not isinstance(matcher, TaggedMatcher):
                 return generation, ""
             return without_rationale(generation, matcher.rationale_bytes), matcher.rationale
+        except ChatTemplateError as error:  # the template's own check refused the messages
+            raise ApiError(str(error), param="messages", code="invalid_messages") from error
+        except (CompileLimitError, ParserLimitError) as error:
+            # The lazy automaton's states or a walk's stacks past their limit while decoding:
+            # the constraint's, named as a compile's would be (it was a 500).
+            message, code = compile_error_message(error, plan.constraint.source)
+            raise ApiError(message, param=plan.constraint.source, code=code) from error
         except BackendError as error:
             if "n_ctx" in str(error):
                 raise ApiError(
@@ -267,10 +277,9 @@ def read_choice(generation: Generation, plan: Plan) -> ChoiceOutput:
         return ChoiceOutput(text, finish)
     if plan.mode == "tool_tagged":
         return _read_tagged(text, finish, plan)
-    try:
-        value = json.loads(text)
-    except json.JSONDecodeError as error:
-        return ChoiceOutput(text, INVALID_FINISH, errors=[f"not JSON: {error}"])
+    value, unread = parse_output(text)  # nested past the JSON reader is not JSON here
+    if unread:
+        return ChoiceOutput(text, INVALID_FINISH, errors=unread)
     errors = plan.check(value)
     if errors:
         log.warning("an output failed the after-check: %s", "; ".join(errors)[:300])
@@ -288,7 +297,7 @@ def _read_tagged(text: str, finish: str, plan: Plan) -> ChoiceOutput:
     form = FORMATS[plan.tool_format]
     try:
         content, bodies = read_tagged(form, text)
-    except ValueError as error:
+    except (ValueError, RecursionError) as error:  # nested past the JSON reader
         return ChoiceOutput(text, INVALID_FINISH, errors=[f"not a tool call: {error}"])
     if bodies is None:
         return ChoiceOutput(text, finish)
