@@ -16,6 +16,7 @@ from pydantic import BaseModel, Field, ValidationInfo, field_validator
 
 import formline
 from formline.evaluation.dataset import extraction_dev_directory
+from formline.pipeline.decoding import Generation
 from formline.pipeline.escape_hatches import (
     add_other_option,
     apply_escape_hatches,
@@ -31,6 +32,7 @@ from formline.pipeline.extract import (
     Failed,
     extract,
 )
+from formline.pipeline.generate import without_rationale
 from formline.pipeline.pressure import field_pressure
 from formline.schema import SchemaError, compile_schema
 from formline.vocab import Vocabulary
@@ -359,6 +361,16 @@ def test_thinking_first_keeps_the_rationale_out_of_the_value(llama_backend: Any)
     assert set(attempt.pressure) <= {"", "name", "age"}  # no path from the rationale
     assert result.value.name == "Ada Lovelace"
     print("think=32:", result.value, repr(attempt.rationale))
+
+
+def test_a_rationale_cut_inside_a_character_is_still_cut_from_the_answer() -> None:
+    # The budget of free tokens ended after the first token of a split character ("世" is
+    # e4 b8 96): the text holds a replacement character there, not those two bytes.
+    rationale = "Ada, 世".encode()[:-1]
+    text = (rationale + b'{"age":36}').decode("utf-8", errors="replace")
+    generation = Generation([], text, "stop", prompt_tokens=1, completion_tokens=3)
+    assert without_rationale(generation, rationale).text == '{"age":36}'
+    assert without_rationale(generation, b"Other").text == text  # not its rationale: kept
 
 
 def test_pressure_skips_the_rationale_bytes() -> None:

@@ -354,10 +354,15 @@ def prompt_source(prompt: str | list[dict[str, str]]) -> str:
 
 
 def without_rationale(generation: Generation, rationale: bytes) -> Generation:
-    """``generation`` with the free text written before the answer cut from its text."""
-    text = generation.text.encode("utf-8", errors="replace")
-    answer = text[len(rationale) :] if text.startswith(rationale) else text
-    return replace(generation, text=answer.decode("utf-8", errors="replace"))
+    """``generation`` with the free text written before the answer cut from its text.
+
+    Compared as text, both decoded alike: a rationale whose budget ended inside a character
+    (the first token of a split one) is a replacement character in both, where its raw
+    bytes were no prefix of the text's re-encoding, and the rationale stayed in the answer
+    (then no JSON)."""
+    written = rationale.decode("utf-8", errors="replace")
+    text = generation.text
+    return replace(generation, text=text[len(written) :] if text.startswith(written) else text)
 
 
 THINK_REQUEST = (
