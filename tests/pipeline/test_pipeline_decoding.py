@@ -126,10 +126,9 @@ def test_a_deadline_and_a_feed_are_listeners_from_sampling(llama_backend: Any) -
     )
     assert seen == done.token_ids
     late = Sampling(deadline=time.monotonic() - 1)
-    assert (
-        decode(ScriptedEngine(llama_backend, "Hello."), PROMPT, None, late).finish_reason
-        == "timeout"
-    )
+    timed_out = decode(ScriptedEngine(llama_backend, "Hello."), PROMPT, None, late)
+    assert timed_out.finish_reason == "timeout"
+    assert timed_out.forward_passes == 0  # not even the prompt's pass, past the deadline
 
 
 def test_a_prompt_over_the_context_is_refused(llama_backend: Any) -> None:

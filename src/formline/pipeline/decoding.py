@@ -162,6 +162,10 @@ class _Loop:
         matcher, sampling = self.matcher, self.sampling
         # A grammar can force its opening bytes ('{"name":"'): they share the prompt's pass.
         self.output = self.forced(sampling.max_tokens, len(prompt_ids))
+        if sampling.deadline is not None and time.monotonic() > sampling.deadline:
+            # Past it already (a server's later choice of n): no prompt pass, which can take
+            # seconds on a CPU, for an answer that would be a timeout after it.
+            return "timeout"
         self.engine.reset()
         self.fed = 0
         logits = self.forward(prompt_ids + self.output)
