@@ -85,6 +85,10 @@ def test_malformed_xargs_name_the_key(extra: dict[str, Any], message: str) -> No
         ({"formline_json_schema": {"$ref": "#/$defs/missing"}}, "formline_json_schema"),
         ({"formline_regex": "(("}, "formline_regex does not compile"),
         ({"formline_grammar": "root ::= missing"}, "formline_grammar does not compile"),
+        # Found when the automaton is built, not when the text is parsed: in the engine's
+        # step they would stop vLLM's engine.
+        ({"formline_grammar": 'root ::= root "a" | "a"'}, "left recursion"),
+        ({"formline_grammar": 'root ::= "a" root'}, "formline_grammar does not compile"),
     ],
 )
 def test_constraints_that_do_not_compile_are_refused_before_any_model(

@@ -18,7 +18,9 @@ from vllm import SamplingParams
 from vllm.v1.sample.logits_processor import BatchUpdate, MoveDirectionality
 
 from formline.backends.vllm import FormlineLogitsProcessor, vllm_xargs
+from formline.backends.vllm import processor as processor_module
 from formline.backends.vllm.constraints import compiled_for, read_constraint
+from formline.grammar.budget import CompileBudget
 from formline.mask.bitmask import allocate_token_bitmask, bitmask_to_ids
 from formline.mask.matcher import GrammarMatcher
 
@@ -174,6 +176,40 @@ def test_validate_params_refuses_what_does_not_compile() -> None:
     FormlineLogitsProcessor.validate_params(SamplingParams())
     with pytest.raises(ValueError, match="formline_regex does not compile"):
         FormlineLogitsProcessor.validate_params(SamplingParams(extra_args={"formline_regex": "(("}))
+    with pytest.raises(ValueError, match="left recursion"):  # found by the automaton's build
+        FormlineLogitsProcessor.validate_params(
+            SamplingParams(extra_args=vllm_xargs(grammar='root ::= root "a" | "a"'))
+        )
+
+
+def test_validate_params_refuses_what_would_cut_a_constrained_output() -> None:
+    for options, message in (({"stop": ["}"]}, "stop strings"), ({"min_tokens": 2}, "min_tokens")):
+        with pytest.raises(ValueError, match=message):
+            FormlineLogitsProcessor.validate_params(SamplingParams(extra_args=DIGITS, **options))
+        FormlineLogitsProcessor.validate_params(SamplingParams(**options))  # unconstrained
+
+
+def test_a_limit_met_while_decoding_ends_its_request_only(
+    processor: FormlineLogitsProcessor,
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    # After "000" the first mask walks the letters into more DFA states than a budget of
+    # 100 allows (0{3}[a-z]*a[a-z]{20} can need 2^21): raised out of apply, it would stop
+    # vLLM's engine and every request in it.
+    def compiled_with_small_budget(constraint: Any, vocabulary: Any) -> Any:
+        return constraint.compile(vocabulary, budget=CompileBudget(dfa_states=100)).compiled
+
+    monkeypatch.setattr(processor_module, "compiled_for", compiled_with_small_budget)
+    blowup = vllm_xargs(regex="0{3}[a-z]*a[a-z]{20}")
+    zeros = [token_of(processor, "0")] * 3
+    processor.update_state(update(2, add=[added(0, blowup, zeros), added(1, DIGITS, [])]))
+    logits = torch.zeros(2, VOCABULARY_SIZE)
+    with caplog.at_level(logging.ERROR, logger="formline.vllm"):
+        processor.apply(logits)
+    assert finite_ids(logits[0]) == sorted(processor.vocabulary.eos_ids)
+    assert finite_ids(logits[1]) == allowed_ids(DIGITS, "", processor)  # the other row masked
+    assert "AutomatonLimitError" in caplog.text and processor.rows[0].closed
 
 
 def test_the_stats_file_records_steps(processor: FormlineLogitsProcessor, tmp_path: Path) -> None:

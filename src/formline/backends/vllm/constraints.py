@@ -26,8 +26,11 @@ import json
 from typing import Any
 
 from formline.constraint import Constraint, compile_error_message
+from formline.grammar.budget import CompileBudget
 from formline.grammar.ir import Grammar, GrammarError
 from formline.mask.compiled import CompiledGrammar
+from formline.mask.compiler import default_cache
+from formline.parser.pushdown import build_pushdown
 from formline.schema import SchemaError
 from formline.vocab import Vocabulary
 
@@ -121,17 +124,39 @@ def _whitespace(ours: dict[str, Any]) -> int | None:
 def grammar_for(constraint: Constraint) -> Grammar:
     """The tokenizer-free grammar of ``constraint`` (what ``validate_params`` checks).
 
+    Its automaton is built too (no vocabulary needed): left recursion, a grammar that
+    matches nothing and a compile limit are found here, in vLLM's API process, where they
+    are a 400. Found in the engine's step, an error would stop the engine and every request
+    in it.
+
     Raises:
         ValueError: the schema, regex or grammar does not compile; the message names the
             key and, for a schema, the keyword and JSON pointer.
-    Costs milliseconds the first time a schema is seen (schema_to_grammar's cache after).
+    Costs milliseconds the first time a grammar is seen (the automaton is lazy: its start
+    only), a cache lookup after.
     """
     try:
         grammar = constraint.grammar()
+        assert grammar is not None  # read_constraint never makes a text constraint
+        default_cache().memoize(
+            ("vllm-automaton-built", grammar.fingerprint()), lambda: _build(grammar), len
+        )
     except (SchemaError, GrammarError) as error:
         raise ValueError(compile_error_message(error, constraint.source)[0]) from error
-    assert grammar is not None  # read_constraint never makes a text constraint
     return grammar
+
+
+def _build(grammar: Grammar) -> str:
+    """Build ``grammar``'s automaton within the default budget (what the engine's compile
+    does first), and answer what the cache keeps: a word, not the automaton.
+
+    Raises:
+        GrammarError: left recursion, or a grammar that matches nothing.
+        CompileLimitError: past a limit of the default budget.
+    """
+    budget = CompileBudget()
+    build_pushdown(grammar, *budget.state_limits(), deadline=budget.start())
+    return "built"
 
 
 def compiled_for(constraint: Constraint, vocabulary: Vocabulary) -> CompiledGrammar:

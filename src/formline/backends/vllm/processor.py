@@ -41,6 +41,7 @@ from vllm import SamplingParams
 from vllm.v1.sample.logits_processor import BatchUpdate, LogitsProcessor, MoveDirectionality
 
 from formline.backends.vllm.constraints import compiled_for, grammar_for, read_constraint
+from formline.errors import FormlineError
 from formline.mask.batch import default_batch_matcher
 from formline.mask.bitmask import (
     allocate_token_bitmask,
@@ -66,15 +67,22 @@ SPELLING_ENTRIES = 1024
 class _Row:
     """A constrained request in the batch: its matcher and vLLM's list of its tokens."""
 
-    matcher: GrammarMatcher
+    matcher: GrammarMatcher | None  # None: the constraint did not compile here (closed)
     output: list[int]  # vLLM's running output_token_ids (a reference, updated in place)
+    ends: np.ndarray  # the int32 words a closed row allows: its stop tokens, or the end ones
     max_tokens: int | None = None
     accepted: int = 0  # how many of them the matcher has accepted
-    closed: bool = False  # a refused token: only end-of-sequence is allowed now
+    closed: bool = False  # a refused token or a limit: only end-of-sequence is allowed now
     forced: list[int] = field(default_factory=list)  # the closing tokens still to write
     stop_ids: frozenset[int] = frozenset()  # vLLM's stop tokens for this request
     stop_words: np.ndarray | None = None  # the same, as a bitmask row (None: no stop token)
     not_eos_words: np.ndarray | None = None  # ~ the tokenizer's end tokens (made once)
+
+    @property
+    def live(self) -> GrammarMatcher:
+        """The matcher of a row whose constraint compiled (every row not closed at its start)."""
+        assert self.matcher is not None
+        return self.matcher
 
     def catch_up(self) -> None:
         """Accept the tokens gained since the last step (up to a ``-1`` placeholder)."""
@@ -85,7 +93,7 @@ class _Row:
             if token in self.stop_ids:  # vLLM ends the request on it; nothing to check
                 self.accepted += 1
                 continue
-            if not self.matcher.is_terminated() and not self.matcher.accept_token(token):
+            if not self.live.is_terminated() and not self.live.accept_token(token):
                 log.error(
                     "formline refused sampled token %d after %d tokens; the request is "
                     "ended (did another logits processor change masked logits?)",
@@ -98,21 +106,32 @@ class _Row:
             if self.forced:
                 self.forced = self.forced[1:] if token == self.forced[0] else []
 
+    def close(self, error: Exception) -> None:
+        """End the request (only its end tokens allowed from now): a grammar limit met while
+        decoding, which raised out of vLLM's step would stop the engine and every request."""
+        log.error(
+            "formline ended a request after %d tokens: %s: %s",
+            self.accepted,
+            type(error).__name__,
+            error,
+        )
+        self.closed = True
+
     def end_with_stop_tokens(self, words: np.ndarray) -> None:
         """Where the grammar may end, allow the request's own stop tokens in place of the
         tokenizer's end tokens: SmolLM2's tokenizer ends on ``<|endoftext|>`` (0) and
         ``<|im_end|>`` (2), vLLM stops on 2 only, and a 0 sampled there ran the request on
         to ``max_tokens`` (3 of 72 extraction-dev answers, each complete but "length")."""
-        if self.stop_words is not None and self.matcher.can_end():
+        if self.stop_words is not None and self.live.can_end():
             words &= self.not_eos_words
             words |= self.stop_words
 
     def plan_closing(self, tokenize: Callable[[bytes], list[int]]) -> bool:
         """Whether the closing tokens must start now (then they are in :attr:`forced`,
         accepted as vLLM samples them, one per step)."""
-        if self.max_tokens is None or self.matcher.is_terminated():
+        if self.max_tokens is None or self.live.is_terminated():
             return False
-        self.forced = self.matcher.closing_tokens(self.max_tokens - self.accepted, tokenize)
+        self.forced = self.live.closing_tokens(self.max_tokens - self.accepted, tokenize)
         return bool(self.forced)
 
 
@@ -131,8 +150,23 @@ class FormlineLogitsProcessor(LogitsProcessor):
     @classmethod
     def validate_params(cls, sampling_params: SamplingParams) -> None:
         constraint = read_constraint(sampling_params.extra_args)
-        if constraint is not None:
-            grammar_for(constraint)
+        if constraint is None:
+            return
+        # vLLM applies these outside the logits: a stop string cuts the constrained text
+        # wherever it appears ('}' inside a value, a newline) and answers "stop"; min_tokens
+        # masks the end tokens when the grammar allows nothing else. Refused, as formline's
+        # own server refuses stop strings, rather than a broken value called complete.
+        if sampling_params.stop:
+            raise ValueError(
+                "stop strings cannot be used with a formline constraint: vLLM would cut its "
+                "output wherever one appears, leaving it invalid (the grammar ends it)"
+            )
+        if sampling_params.min_tokens:
+            raise ValueError(
+                "min_tokens cannot be used with a formline constraint: where the grammar "
+                "allows only the end, it would leave no token to sample"
+            )
+        grammar_for(constraint)
 
     def __init__(self, vllm_config: VllmConfig, device: torch.device, is_pin_memory: bool):
         self.model_config = vllm_config.model_config
@@ -143,6 +177,7 @@ class FormlineLogitsProcessor(LogitsProcessor):
         self._tokenizer: Any = None
         self._spellings: dict[bytes, tuple[int, ...]] = {}
         self._bitmask: np.ndarray | None = None
+        self._end_words: np.ndarray | None = None  # the tokenizer's end tokens, as a row
         # Sums for a least-squares fit of seconds = fixed + per_row * rows (the benchmark's).
         self.stats = {"steps": 0, "rows": 0, "seconds": 0.0, "rows_squared": 0, "rows_seconds": 0.0}
         self._stats_path = os.environ.get(STATS_ENV)
@@ -175,6 +210,8 @@ class FormlineLogitsProcessor(LogitsProcessor):
             self._vocabulary = Vocabulary.from_huggingface(tokenizer, size)
             self._tokenizer = tokenizer
             self._bitmask = allocate_token_bitmask(self.max_rows, size)
+            eos = np.array(sorted(self._vocabulary.eos_ids))
+            self._end_words = ids_to_bitmask(eos, self._bitmask.shape[1]).view(np.int32)
         return self._vocabulary
 
     def update_state(self, batch_update: BatchUpdate | None) -> None:
@@ -184,7 +221,13 @@ class FormlineLogitsProcessor(LogitsProcessor):
         for index in batch_update.removed:
             self.rows.pop(index, None)
         for index, params, _, output in batch_update.added:
-            row = self._new_row(params, output)
+            try:
+                row = self._new_row(params, output)
+            except ValueError as error:  # validate_params built it; here it did not (a limit)
+                if self._end_words is None:
+                    raise  # no vocabulary: nothing to end the request with
+                row = _Row(None, output, self._end_words)
+                row.close(error)
             if row is None:
                 self.rows.pop(index, None)
             else:
@@ -201,12 +244,18 @@ class FormlineLogitsProcessor(LogitsProcessor):
         if constraint is None:
             return None
         compiled = compiled_for(constraint, self.vocabulary)
-        row = _Row(GrammarMatcher(compiled), output, params.max_tokens)
-        row.stop_ids = frozenset(params.all_stop_token_ids or ())
-        if row.stop_ids:
-            words = ids_to_bitmask(np.array(sorted(row.stop_ids)), compiled.eos_mask.shape[0])
-            row.stop_words = words.view(np.int32)
-            row.not_eos_words = ~compiled.eos_mask.view(np.int32)
+        stop_ids = frozenset(params.all_stop_token_ids or ())
+        eos_words = compiled.eos_mask.view(np.int32)
+        stop_words = None
+        if stop_ids:
+            words = ids_to_bitmask(np.array(sorted(stop_ids)), compiled.eos_mask.shape[0])
+            stop_words = words.view(np.int32)
+        row = _Row(
+            GrammarMatcher(compiled), output, eos_words if stop_words is None else stop_words
+        )
+        row.max_tokens, row.stop_ids, row.stop_words = params.max_tokens, stop_ids, stop_words
+        if stop_words is not None:
+            row.not_eos_words = ~eos_words
         return row
 
     def _tokenize(self, text: bytes) -> list[int]:
@@ -233,24 +282,41 @@ class FormlineLogitsProcessor(LogitsProcessor):
         filled: list[int] = []
         for index in indices:
             row = self.rows[index]
-            row.catch_up()
+            is_forced = False
+            try:
+                row.catch_up()
+                is_forced = not row.closed and bool(row.forced or row.plan_closing(self._tokenize))
+            except FormlineError as error:  # a state or stack limit, met by a step
+                row.close(error)
             if row.closed:
-                ends = row.matcher.compiled.eos_mask if row.stop_words is None else row.stop_words
-                bitmask[index] = ends.view(np.int32)
-            elif row.forced or row.plan_closing(self._tokenize):
+                bitmask[index] = row.ends
+            elif is_forced:
                 forced = ids_to_bitmask(np.array(row.forced[:1]), bitmask.shape[1])
                 bitmask[index] = forced.view(np.int32)
             else:
                 filled.append(index)
-        # The rows' masks on the thread pool (new states' walks run without the GIL).
-        default_batch_matcher().batch_fill_next_token_bitmask(
-            [self.rows[index].matcher for index in filled], bitmask, filled
-        )
-        for index in filled:
-            self.rows[index].end_with_stop_tokens(bitmask[index])
+        self._fill(filled, bitmask)
         apply_token_bitmask_inplace(logits, bitmask, indices=indices)
         self._count(len(indices), time.perf_counter() - started)
         return logits
+
+    def _fill(self, filled: list[int], bitmask: np.ndarray) -> None:
+        """The masks of rows ``filled`` into ``bitmask``, on the thread pool (new states'
+        walks run without the GIL). A walk past a limit is found row by row, and its row
+        closed: the others keep their masks."""
+        matchers = [self.rows[index].live for index in filled]
+        try:
+            default_batch_matcher().batch_fill_next_token_bitmask(matchers, bitmask, filled)
+        except FormlineError:
+            for index, matcher in zip(filled, matchers, strict=True):
+                try:
+                    matcher.fill_next_token_bitmask(bitmask, index)
+                except FormlineError as error:
+                    self.rows[index].close(error)
+                    bitmask[index] = self.rows[index].ends
+        for index in filled:
+            if not self.rows[index].closed:
+                self.rows[index].end_with_stop_tokens(bitmask[index])
 
     def _count(self, rows: int, seconds: float) -> None:
         self.stats["steps"] += 1
