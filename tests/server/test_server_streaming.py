@@ -132,6 +132,22 @@ def test_a_streamed_decode_past_the_time_limit_ends_with_an_error_event(
     wait_until_idle(server)  # the lock was freed with the loop
 
 
+def test_a_streamed_prompt_over_the_context_is_400_not_an_error_inside_a_stream(
+    client: Any, model: str
+) -> None:
+    # n_ctx is 2,048 tokens: 3,000 words are past it. The stream's opening waits until the
+    # prompt is known to fit, so the refusal is the response's status, before any chunk.
+    with pytest.raises(openai.BadRequestError) as refused:
+        client.chat.completions.create(
+            model=model, messages=ask("word " * 3000), max_tokens=4, stream=True
+        )
+    assert refused.value.code == "context_length_exceeded"
+    stream = client.chat.completions.create(
+        model=model, messages=ask("Hi"), max_tokens=2, stream=True
+    )
+    assert [chunk.choices[0].finish_reason for chunk in stream][-1] is not None  # still opens
+
+
 def test_a_named_tool_call_streams_its_arguments(client: Any, model: str) -> None:
     stream = client.chat.completions.create(
         model=model,

@@ -108,6 +108,8 @@ def decode(
     if sampling.deadline is not None:
         watchers.append(Deadline(sampling.deadline))
     pressure = PressureListener()
+    for watcher in watchers:
+        watcher.on_start(len(prompt_ids))
     loop = _Loop(engine, matcher, sampling, [pressure, *watchers])
     finish = loop.run(prompt_ids)
     loop.notify_output()  # the last tokens reach a streaming listener too

@@ -23,6 +23,10 @@ class StepListener:
     """Hooks on the decoding loop; each does nothing unless overridden. A hook costs one
     Python call per step."""
 
+    def on_start(self, prompt_tokens: int) -> None:
+        """The prompt (``prompt_tokens`` long) fits the context: decoding begins, before
+        the prompt's pass. Not called for a prompt refused for its length."""
+
     def on_logits(
         self,
         position: int,

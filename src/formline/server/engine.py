@@ -77,9 +77,9 @@ class Completion:
 
 
 class ChoiceListener(Protocol):
-    """Sees one choice being decoded (streaming): :meth:`start` once the model is held,
-    :attr:`listener` on the decoding loop (it may stop it), :meth:`finish` with the choice
-    as read back."""
+    """Sees one choice being decoded (streaming): :meth:`start` once the model is held and
+    the prompt fits its context, :attr:`listener` on the decoding loop (it may stop it),
+    :meth:`finish` with the choice as read back."""
 
     def start(self) -> None: ...
 
@@ -235,10 +235,9 @@ class Engine:
         self.hold_model(sampling.deadline if sampling.deadline is not None else time.monotonic())
         try:
             prompt = self.backend.render_chat(messages)
-            watchers = []
-            if listener is not None:
-                listener.start()
-                watchers.append(listener.listener)
+            watchers: list[StepListener] = []
+            if listener is not None:  # opened once the prompt is known to fit: else a 400
+                watchers += [_OpensOnStart(listener.start), listener.listener]
             generation = decode(self.backend, prompt, matcher, sampling, watchers)
             if not isinstance(matcher, TaggedMatcher):
                 return generation, ""
@@ -258,6 +257,17 @@ class Engine:
             raise
         finally:
             self.lock.release()
+
+
+class _OpensOnStart(StepListener):
+    """Sends a streamed choice's opening as decoding begins, once its prompt is known to
+    fit the context: opened before, a prompt over it was an error inside a 200 stream."""
+
+    def __init__(self, start: Callable[[], None]):
+        self.start = start
+
+    def on_start(self, prompt_tokens: int) -> None:
+        self.start()
 
 
 def read_choice(generation: Generation, plan: Plan) -> ChoiceOutput:
