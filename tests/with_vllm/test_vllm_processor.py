@@ -220,3 +220,22 @@ def test_the_stats_file_records_steps(processor: FormlineLogitsProcessor, tmp_pa
     stats = json.loads((tmp_path / "stats.json").read_text())
     assert stats["steps"] == 1 and stats["rows"] == 1 and stats["seconds"] > 0
     assert np.isfinite(stats["seconds"])
+
+
+def test_a_compile_that_fails_in_the_engine_ends_its_request_on_its_stop_token(
+    processor: FormlineLogitsProcessor,
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    # validate_params compiled it in the API process; were the engine's compile to fail
+    # (a time limit under load), raising out of update_state would stop the engine.
+    def failing(constraint: Any, vocabulary: Any) -> Any:
+        raise ValueError("vllm_xargs.formline_regex does not compile: past its time limit")
+
+    monkeypatch.setattr(processor_module, "compiled_for", failing)
+    with caplog.at_level(logging.ERROR, logger="formline.vllm"):
+        processor.update_state(update(1, add=[added(0, DIGITS, [], stop_token_ids=[2])]))
+    logits = torch.zeros(1, VOCABULARY_SIZE)
+    processor.apply(logits)
+    assert finite_ids(logits[0]) == [2]  # vLLM stops this request on 2, not on 0
+    assert "past its time limit" in caplog.text and processor.rows[0].closed

@@ -221,13 +221,7 @@ class FormlineLogitsProcessor(LogitsProcessor):
         for index in batch_update.removed:
             self.rows.pop(index, None)
         for index, params, _, output in batch_update.added:
-            try:
-                row = self._new_row(params, output)
-            except ValueError as error:  # validate_params built it; here it did not (a limit)
-                if self._end_words is None:
-                    raise  # no vocabulary: nothing to end the request with
-                row = _Row(None, output, self._end_words)
-                row.close(error)
+            row = self._new_row(params, output)
             if row is None:
                 self.rows.pop(index, None)
             else:
@@ -243,13 +237,20 @@ class FormlineLogitsProcessor(LogitsProcessor):
         constraint = read_constraint(params.extra_args)
         if constraint is None:
             return None
-        compiled = compiled_for(constraint, self.vocabulary)
+        vocabulary = self.vocabulary  # made first, with the bitmask and the end tokens' row
+        assert self._bitmask is not None and self._end_words is not None
         stop_ids = frozenset(params.all_stop_token_ids or ())
-        eos_words = compiled.eos_mask.view(np.int32)
         stop_words = None
         if stop_ids:
-            words = ids_to_bitmask(np.array(sorted(stop_ids)), compiled.eos_mask.shape[0])
+            words = ids_to_bitmask(np.array(sorted(stop_ids)), self._bitmask.shape[1])
             stop_words = words.view(np.int32)
+        try:
+            compiled = compiled_for(constraint, vocabulary)
+        except ValueError as error:  # validate_params built it; here it did not (a limit)
+            failed = _Row(None, output, self._end_words if stop_words is None else stop_words)
+            failed.close(error)
+            return failed
+        eos_words = compiled.eos_mask.view(np.int32)
         row = _Row(
             GrammarMatcher(compiled), output, eos_words if stop_words is None else stop_words
         )
