@@ -1174,7 +1174,7 @@ def _without_formats(schema: Any, names: set[str]) -> Any:
     return {
         key: value if key in _DATA_KEYWORDS else _without_formats(value, names)
         for key, value in schema.items()
-        if not (key == "format" and value in names)
+        if not (key == "format" and isinstance(value, str) and value in names)
     }
 
 
