@@ -101,6 +101,12 @@ def test_a_template_that_refuses_the_messages_is_a_chat_template_error(
     monkeypatch.setattr(backend, "_chat_formatter", refusing)
     with pytest.raises(ChatTemplateError, match="roles must alternate"):
         chat(backend, "Hi there")
+    # A template that fails on its own (an undefined function) is the model's fault.
+    broken = Jinja2ChatFormatter(template="{{ no_such_function() }}", eos_token="", bos_token="")
+    monkeypatch.setattr(backend, "_chat_formatter", broken)
+    with pytest.raises(BackendError, match="failed to render") as failed:
+        chat(backend, "Hi there")
+    assert not isinstance(failed.value, ChatTemplateError)
 
 
 def test_missing_model_file_is_a_backend_error(tmp_path: Path) -> None:

@@ -126,9 +126,27 @@ def test_a_deadline_and_a_feed_are_listeners_from_sampling(llama_backend: Any) -
     )
     assert seen == done.token_ids
     late = Sampling(deadline=time.monotonic() - 1)
-    timed_out = decode(ScriptedEngine(llama_backend, "Hello."), PROMPT, None, late)
+    starts: list[int] = []
+    timed_out = decode(
+        ScriptedEngine(llama_backend, "Hello."), PROMPT, None, late, [Starts(starts)]
+    )
     assert timed_out.finish_reason == "timeout"
     assert timed_out.forward_passes == 0  # not even the prompt's pass, past the deadline
+    assert starts == []  # a stream is not opened for it: the timeout is the answer
+    done = decode(
+        ScriptedEngine(llama_backend, "Hello."), PROMPT, None, Sampling(), [Starts(starts)]
+    )
+    assert starts == [done.prompt_tokens]
+
+
+class Starts(StepListener):
+    """Records each on_start's prompt length."""
+
+    def __init__(self, seen: list[int]):
+        self.seen = seen
+
+    def on_start(self, prompt_tokens: int) -> None:
+        self.seen.append(prompt_tokens)
 
 
 def test_a_prompt_over_the_context_is_refused(llama_backend: Any) -> None:

@@ -12,6 +12,7 @@ from pydantic import BaseModel
 
 from formline.pipeline.generate import generate
 from formline.pipeline.verbatim import source_numbers, source_spans, verbatim_schema
+from formline.schema import compile_schema
 from scripted import ScriptedEngine
 
 SOURCE = "Lagos resident Chiamaka Eze, 29, marked her birthday with a dozen friends."
@@ -77,7 +78,7 @@ def test_a_subschema_with_no_candidate_is_left_as_it_was() -> None:
     assert verbatim_schema(True, SOURCE) is True
 
 
-def test_a_number_the_schemas_step_refuses_is_no_candidate() -> None:
+def test_a_number_the_schemas_step_refuses_is_no_candidate(smollm2_vocab: Any) -> None:
     # Narrowed to [3, 7], a multipleOf 5 left no value: a valid schema made unsatisfiable
     # (or, nullable, only null).
     step = {"type": "object", "properties": {"qty": {"type": "integer", "multipleOf": 5}}}
@@ -88,6 +89,16 @@ def test_a_number_the_schemas_step_refuses_is_no_candidate() -> None:
     assert verbatim_schema(half, "3 boxes of 10, 2.5 kg")["properties"]["kg"]["enum"] == [
         3, 10, 2.5, None,
     ]  # fmt: skip
+    # As the compiler judges a step (jsonschema's float division: 0.3 is no multiple of 0.1
+    # there), and without failing on a number too long for a decimal context or a float.
+    tenth = {"type": "object", "properties": {"p": {"type": "number", "multipleOf": 0.1}}}
+    narrowed = verbatim_schema(tenth, "0.3 or 0.5, ids 120 340 560 780 910 230 450 670 890 110")
+    kept = narrowed["properties"]["p"]["enum"]
+    assert 0.5 in kept and 0.3 not in kept and 120340560780910230450670890110 in kept
+    compiled = compile_schema(narrowed, smollm2_vocab, disk_cache=False)
+    assert compiled.matcher().accept_string('{"p":0.5}')  # the compiler kept what it kept
+    huge = "1" + "0" * 330 + " and 2.5"
+    assert verbatim_schema(tenth, huge)["properties"]["p"]["enum"] == [2.5]
 
 
 def test_generate_writes_only_what_the_prompt_says(llama_backend: Any) -> None:

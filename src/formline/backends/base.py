@@ -28,8 +28,10 @@ class BackendError(FormlineError, RuntimeError):
 
 
 class ChatTemplateError(BackendError):
-    """The model's chat template refused the messages (a template's own check, such as roles
-    that must alternate): the request's fault, not the model's."""
+    """The model's chat template refused the messages through its own check
+    (``raise_exception``, as templates that need alternating roles do): the request's fault,
+    not the model's. A template that fails otherwise (a syntax error, an undefined name) is
+    a plain :class:`BackendError`."""
 
 
 class Backend(Protocol):

@@ -169,8 +169,10 @@ class LlamaCppBackend:
             )
         try:
             return str(self._chat_formatter(messages=messages).prompt)
-        except Exception as error:  # jinja2 raises many types; all mean "cannot render"
-            raise ChatTemplateError(f"the chat template failed to render: {error}") from error
+        except ValueError as error:  # the template's raise_exception: the messages' fault
+            raise ChatTemplateError(f"the chat template refused the messages: {error}") from error
+        except Exception as error:  # jinja2 raises many types: the template's own fault
+            raise BackendError(f"the chat template failed to render: {error}") from error
 
     def tokenize_prompt(self, prompt: str) -> list[int]:
         """The prompt's tokens: special-token texts parsed, a bos added where the model asks

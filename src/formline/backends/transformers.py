@@ -109,8 +109,11 @@ class TransformersBackend:
             text = self.tokenizer.apply_chat_template(
                 messages, tokenize=False, add_generation_prompt=True
             )
-        except TemplateError as error:  # the template's own check (raise_exception)
-            raise ChatTemplateError(f"the chat template failed to render: {error}") from error
+        except TemplateError as error:
+            if type(error) is not TemplateError:  # a syntax error, an undefined name: its own
+                raise BackendError(f"the chat template failed to render: {error}") from error
+            # transformers' raise_exception raises exactly TemplateError: the messages' fault
+            raise ChatTemplateError(f"the chat template refused the messages: {error}") from error
         except ValueError as error:  # transformers: "no chat template"
             raise BackendError(f"{self.model_path}: {error}") from error
         return str(text)

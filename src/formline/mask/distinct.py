@@ -206,17 +206,21 @@ class DistinctItemsMatcher:
             quoted = self._quoted
             candidates = quoted[(row[quoted >> 5] >> (quoted & 31).astype(np.uint32)) & 1 == 1]
         else:  # an enum's prefix: the grammar allows a few tokens, any may end the choices
-            flags = np.unpackbits(row.view(np.uint8), bitorder="little")[: self._vocabulary_size]
-            candidates = np.flatnonzero(flags)
+            candidates = np.flatnonzero(self._allowed_flags(row))
         refused = [
             token
             for token in candidates.tolist()
             if self._repeats(self._pieces[token], array.items, choices)
         ]
-        if refused and len(refused) < int(np.unpackbits(row.view(np.uint8)).sum()):
+        # Every allowed token refused: the grammar's mask is kept (the policy never blocks).
+        if refused and len(refused) < int(self._allowed_flags(row).sum()):
             ids = np.asarray(refused, dtype=np.int64)
             np.bitwise_and.at(row, ids >> 5, ~(np.uint32(1) << (ids & 31).astype(np.uint32)))
         return True
+
+    def _allowed_flags(self, row: np.ndarray) -> np.ndarray:
+        """A byte per token of the vocabulary: 1 where ``row`` allows it."""
+        return np.unpackbits(row.view(np.uint8), bitorder="little")[: self._vocabulary_size]
 
     def _repeats(self, piece: bytes, written: list[bytes], choices: list[bytes] | None) -> bool:
         """Whether ``piece``, read from here, completes a written item or (with

@@ -108,8 +108,9 @@ def decode(
     if sampling.deadline is not None:
         watchers.append(Deadline(sampling.deadline))
     pressure = PressureListener()
-    for watcher in watchers:
-        watcher.on_start(len(prompt_ids))
+    if sampling.deadline is None or time.monotonic() <= sampling.deadline:  # else: a timeout
+        for watcher in watchers:
+            watcher.on_start(len(prompt_ids))
     loop = _Loop(engine, matcher, sampling, [pressure, *watchers])
     finish = loop.run(prompt_ids)
     loop.notify_output()  # the last tokens reach a streaming listener too

@@ -25,7 +25,8 @@ class StepListener:
 
     def on_start(self, prompt_tokens: int) -> None:
         """The prompt (``prompt_tokens`` long) fits the context: decoding begins, before
-        the prompt's pass. Not called for a prompt refused for its length."""
+        the prompt's pass. Not called for a prompt refused for its length, nor for a loop
+        already past its deadline (it ends as a timeout before its prompt's pass)."""
 
     def on_logits(
         self,

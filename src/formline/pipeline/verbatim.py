@@ -31,6 +31,8 @@ from dataclasses import dataclass
 from decimal import Decimal
 from typing import Any
 
+from jsonschema import Draft202012Validator
+
 from formline.pipeline.dates import source_dates
 from formline.pipeline.grounding import extract_numbers
 from formline.pipeline.tolerance import map_subschemas
@@ -153,14 +155,31 @@ def _fits_length(node: dict[str, Any], span: str) -> bool:
 
 def _numbers_within(node: dict[str, Any], numbers: list[Decimal], integer: bool) -> list[Any]:
     found: list[Any] = []
+    step = node.get("multipleOf")
+    if not isinstance(step, int | float) or isinstance(step, bool) or step <= 0:
+        step = None
     for number in numbers:
         if integer and number != number.to_integral_value():
             continue
         if not _within(node, number):
             continue
         value: Any = int(number) if number == number.to_integral_value() else float(number)
+        if step is not None and not _is_step_multiple(value, step):
+            continue
         found.append(value)
     return list(dict.fromkeys(found))
+
+
+def _is_step_multiple(value: int | float, step: int | float) -> bool:
+    """Whether ``value`` (as the enum will hold it) is a multiple of ``step`` as the schema
+    compiler judges it: it keeps the enum values jsonschema's ``multipleOf`` accepts, which
+    divides a float step in floating point (0.3 is no multiple of 0.1 there). Left out, a
+    value the text states but the step refuses made the narrowed enum empty (a valid schema
+    unsatisfiable) or only null. A value too large to divide is no candidate."""
+    try:
+        return bool(Draft202012Validator({"multipleOf": step}).is_valid(value))
+    except (OverflowError, ValueError):
+        return False
 
 
 def _within(node: dict[str, Any], number: Decimal) -> bool:
@@ -175,11 +194,6 @@ def _within(node: dict[str, Any], number: Decimal) -> bool:
         is_number = isinstance(bound, int | float) and not isinstance(bound, bool)
         if is_number and not holds(Decimal(str(bound))):
             return False
-    # Left out, a value the text states but the schema's step refuses made the narrowed
-    # enum empty (a valid schema unsatisfiable) or only null.
-    step = node.get("multipleOf")
-    if isinstance(step, int | float) and not isinstance(step, bool) and step > 0:
-        return number % Decimal(str(step)) == 0
     return True
 
 
