@@ -120,9 +120,10 @@ class DistinctItemsMatcher:
     Costs, per step inside a tracked array that holds an item already, a scan of the bytes
     of the allowed tokens that hold a quote (only those can close or open an item: 163 of
     SmolLM2's 49,152 tokens, 1,345 of Llama-3's), or inside an enum item of every allowed
-    token (the grammar allows few there); nothing otherwise. Inside a free string item: 0.05
-    ms a step on SmolLM2, 0.26 ms on Llama-3 (the grammar allows 48,787 and 123,234 tokens;
-    scanning every one cost 88 and 202 ms).
+    token (the grammar allows few there); nothing otherwise. Inside a free string item, the
+    grammar's fill included: 0.16-0.17 ms a step on SmolLM2, 0.46-0.48 ms on Llama-3, where
+    scanning every allowed token (48,787 and 123,234) cost 80-82 and 194-196 ms
+    (``python -m bench.policy_bench``, bench/results/policy.md).
     """
 
     def __init__(self, inner: GrammarMatcher, arrays: Mapping[Path, Sequence[str] | None]):
@@ -136,7 +137,11 @@ class DistinctItemsMatcher:
         vocabulary = inner.compiled.vocabulary
         self._pieces = vocabulary.token_bytes
         self._vocabulary_size = vocabulary.size
-        self._quoted = vocabulary.tokens_with_byte(0x22)  # ids of the tokens holding a quote
+        # The tokens holding a quote (the only ones that can close or open an item), as the
+        # mask words and bits to test: made once, not at every step.
+        quoted = vocabulary.tokens_with_byte(0x22)
+        self._quoted = quoted
+        self._quoted_words, self._quoted_bits = quoted >> 5, (quoted & 31).astype(np.uint32)
         self._accepted: list[bytes] = []
         self.follower = JsonFollower(self.arrays)
 
@@ -201,26 +206,25 @@ class DistinctItemsMatcher:
         choices = self._choices.get(array.path)
         if choices is None or not self.follower.in_string:
             # Only a token holding a quote can close an item or open one (_repeats): the
-            # allowed ones among them. Scanning every allowed token cost 88 ms a step inside
-            # a free string item on SmolLM2 (48,787 allowed), 202 ms on Llama-3.
-            quoted = self._quoted
-            candidates = quoted[(row[quoted >> 5] >> (quoted & 31).astype(np.uint32)) & 1 == 1]
+            # allowed ones among them. Scanning every allowed token cost 80-82 ms a step
+            # inside a free string item on SmolLM2, 194-196 on Llama-3 (bench.policy_bench).
+            is_allowed = (row[self._quoted_words] >> self._quoted_bits) & 1 == 1
+            candidates = self._quoted[is_allowed]
         else:  # an enum's prefix: the grammar allows a few tokens, any may end the choices
-            candidates = np.flatnonzero(self._allowed_flags(row))
+            flags = np.unpackbits(row.view(np.uint8), bitorder="little")[: self._vocabulary_size]
+            candidates = np.flatnonzero(flags)
         refused = [
             token
             for token in candidates.tolist()
             if self._repeats(self._pieces[token], array.items, choices)
         ]
-        # Every allowed token refused: the grammar's mask is kept (the policy never blocks).
-        if refused and len(refused) < int(self._allowed_flags(row).sum()):
+        if refused:
             ids = np.asarray(refused, dtype=np.int64)
-            np.bitwise_and.at(row, ids >> 5, ~(np.uint32(1) << (ids & 31).astype(np.uint32)))
+            narrowed = row.copy()
+            np.bitwise_and.at(narrowed, ids >> 5, ~(np.uint32(1) << (ids & 31).astype(np.uint32)))
+            if narrowed.any():  # else every allowed token was refused: the grammar's mask stays
+                row[:] = narrowed
         return True
-
-    def _allowed_flags(self, row: np.ndarray) -> np.ndarray:
-        """A byte per token of the vocabulary: 1 where ``row`` allows it."""
-        return np.unpackbits(row.view(np.uint8), bitorder="little")[: self._vocabulary_size]
 
     def _repeats(self, piece: bytes, written: list[bytes], choices: list[bytes] | None) -> bool:
         """Whether ``piece``, read from here, completes a written item or (with

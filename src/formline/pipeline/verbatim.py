@@ -156,28 +156,30 @@ def _fits_length(node: dict[str, Any], span: str) -> bool:
 def _numbers_within(node: dict[str, Any], numbers: list[Decimal], integer: bool) -> list[Any]:
     found: list[Any] = []
     step = node.get("multipleOf")
-    if not isinstance(step, int | float) or isinstance(step, bool) or step <= 0:
-        step = None
+    stepped = None
+    if isinstance(step, int | float) and not isinstance(step, bool) and step > 0:
+        stepped = Draft202012Validator({"multipleOf": step})
     for number in numbers:
         if integer and number != number.to_integral_value():
             continue
         if not _within(node, number):
             continue
         value: Any = int(number) if number == number.to_integral_value() else float(number)
-        if step is not None and not _is_step_multiple(value, step):
+        if stepped is not None and not _is_step_multiple(value, stepped):
             continue
         found.append(value)
     return list(dict.fromkeys(found))
 
 
-def _is_step_multiple(value: int | float, step: int | float) -> bool:
-    """Whether ``value`` (as the enum will hold it) is a multiple of ``step`` as the schema
-    compiler judges it: it keeps the enum values jsonschema's ``multipleOf`` accepts, which
+def _is_step_multiple(value: int | float, stepped: Draft202012Validator) -> bool:
+    """Whether ``value`` (as the enum will hold it) is a multiple of the step ``stepped``
+    checks, as the schema compiler judges it: it keeps the enum values jsonschema's
+    ``multipleOf`` accepts, which
     divides a float step in floating point (0.3 is no multiple of 0.1 there). Left out, a
     value the text states but the step refuses made the narrowed enum empty (a valid schema
     unsatisfiable) or only null. A value too large to divide is no candidate."""
     try:
-        return bool(Draft202012Validator({"multipleOf": step}).is_valid(value))
+        return bool(stepped.is_valid(value))
     except (OverflowError, ValueError):
         return False
 

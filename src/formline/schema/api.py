@@ -192,8 +192,8 @@ def schema_grammar(
 ) -> Grammar:
     """The tokenizer-free grammar of a schema without its report: what a caller that reads
     only the grammar needs (a server's tool-calling grammar, vLLM's ``validate_params``, the
-    linter). On a cache hit the report stays packed: unpacking meltano.schema's was 140 of
-    the 345 µs :func:`schema_to_grammar` took.
+    linter). On a cache hit the report stays packed: meltano.schema's ``Constraint.grammar()``
+    hit 0.225 ms, 0.351 through :func:`schema_to_grammar` (``python -m bench.policy_bench``).
 
     Raises:
         SchemaError, ValueError: as :func:`schema_to_grammar`.
