@@ -29,7 +29,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from bench.core_bench import load_tokenizer, machine_info
+from bench.core_bench import load_tokenizer, machine_info, publish
 from formline import GrammarCompiler
 from formline.mask import BatchGrammarMatcher, allocate_token_bitmask
 from formline.native import prepare_helpers, release_helpers
@@ -199,10 +199,7 @@ def main(argv: list[str] | None = None) -> int:
         ),
         "xgrammar": time_xgrammar(path, tokens, arguments.rows, arguments.repeats),
     }
-    report = markdown(figures, arguments)
-    arguments.output.parent.mkdir(parents=True, exist_ok=True)
-    arguments.output.write_text(report)
-    print(report)
+    publish(markdown(figures, arguments), arguments.output)
     return 0
 
 

@@ -686,6 +686,13 @@ def markdown_table(summaries: list[dict[str, Any]]) -> str:
     return "\n".join(lines) + "\n"
 
 
+def publish(report: str, path: Path) -> None:
+    """Write a bench's markdown ``report`` to ``path`` (its folder made) and print it."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(report)
+    print(report)
+
+
 def machine_info() -> dict[str, Any]:
     cpu = platform.processor() or platform.machine()
     try:
