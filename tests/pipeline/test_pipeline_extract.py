@@ -36,7 +36,7 @@ from formline.pipeline.generate import without_rationale
 from formline.pipeline.pressure import field_pressure
 from formline.schema import SchemaError, compile_schema
 from formline.vocab import Vocabulary
-from scripted import ScriptedDecoder, install_decoder
+from scripted import ScriptedDecoder, ScriptedEngine, install_decoder
 
 EXTRACTION = extraction_dev_directory()
 SOURCE = "Ada Lovelace, 36, lives in London."
@@ -105,6 +105,24 @@ def test_truncation_at_the_token_cap_stops(scripted: Any) -> None:
     result = extract_as_scripted(SOURCE, Person, backend, max_tokens=8, max_attempts=5)
     assert isinstance(result, Failed) and result.reason == TOKEN_CAP
     assert backend.max_tokens == [8, 16, 32]  # capped at 4 x max_tokens
+
+
+def test_json_the_budget_closed_is_a_cut_off_not_an_answer(llama_backend: Any) -> None:
+    # A looping model under a small budget: the real decoding loop's closing policy ends the
+    # list, so the JSON is valid, but its end was written by the budget, not the model.
+    names = {
+        "type": "object",
+        "properties": {"names": {"type": "array", "items": {"type": "string"}}},
+    }
+    names |= {"required": ["names"], "additionalProperties": False}
+    looping = '{"names":[' + '"Ada",' * 200
+    engine = ScriptedEngine(llama_backend, looping, '{"names":["Ada","Grace"]}')
+    result = extract("Ada and Grace wrote it.", names, engine, max_tokens=40, verbatim=False)
+    assert isinstance(result, Extraction) and result.value == {"names": ["Ada", "Grace"]}
+    first = result.attempts[0]
+    assert first.outcome == "truncated" and json.loads(first.text)["names"][:2] == ["Ada", "Ada"]
+    assert "written to close the JSON" in first.errors[0]
+    assert [attempt.max_tokens for attempt in result.attempts] == [40, 80]
 
 
 def test_validation_error_is_fed_back_into_the_next_prompt(scripted: Any) -> None:

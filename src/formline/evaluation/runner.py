@@ -134,7 +134,7 @@ def _run_repair(
         task["text"],
         schema,
         backend,
-        instruction=task["instruction"],
+        instruction=None if variant.generic_instruction else task["instruction"],
         max_tokens=max_tokens,
         describe_schema=variant.describe_schema,
         verbatim=variant.verbatim,

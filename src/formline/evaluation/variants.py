@@ -97,6 +97,10 @@ VARIANTS: dict[str, Variant] = {
         Variant("evidence-first", order="evidence-first", help="free-text fields first"),
         Variant("answer-first", order="answer-first", help="free-text fields last"),
         Variant("repair", mode="repair", describe_schema=True, help="constrained + repair loop"),
+        Variant(
+            "extract", mode="repair", generic_instruction=True, verbatim=True,
+            help="formline.extract as a user calls it: its defaults, its repair loop",
+        ),
         Variant("pretty", whitespace=PRETTY, help="JSON indented as the model likes"),
         Variant(
             "pretty+described", whitespace=PRETTY, describe_schema=True,
