@@ -180,3 +180,40 @@ def test_max_tokens_cut_off_says_length(client: Any, model: str) -> None:
     )
     assert response.choices[0].finish_reason == "length"
     assert response.usage.completion_tokens == 3
+
+
+STORY = {
+    "type": "object",
+    "properties": {"story": {"type": "string"}},
+    "required": ["story"],
+    "additionalProperties": False,
+}
+STORY_TOOL = {
+    "type": "function",
+    "function": {"name": "tell", "description": "Tell a story.", "parameters": STORY},
+}
+
+
+def test_json_the_budget_closed_says_length_and_calls_no_tool(client: Any, model: str) -> None:
+    # A long story cannot end in 12 tokens: the closing policy ends the string and the
+    # object within the budget. The JSON parses, but the model did not end it.
+    asked = ask("Tell a very long story about the sea, with many details.")
+    answer = client.chat.completions.create(
+        model=model,
+        messages=asked,
+        response_format={"type": "json_schema", "json_schema": {"name": "s", "schema": STORY}},
+        max_tokens=12,
+        temperature=0,
+    )
+    assert answer.choices[0].finish_reason == "length"
+    jsonschema.validate(json.loads(answer.choices[0].message.content), STORY)
+    call = client.chat.completions.create(
+        model=model,
+        messages=asked,
+        tools=[STORY_TOOL],
+        tool_choice={"type": "function", "function": {"name": "tell"}},
+        max_tokens=12,
+        temperature=0,
+    )
+    assert call.choices[0].finish_reason == "length" and not call.choices[0].message.tool_calls
+    jsonschema.validate(json.loads(call.choices[0].message.content), STORY)

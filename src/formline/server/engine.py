@@ -273,13 +273,16 @@ class _OpensOnStart(StepListener):
 def read_choice(generation: Generation, plan: Plan) -> ChoiceOutput:
     """The choice a generation makes under ``plan``: its content or tool call, the after-check.
 
-    A cut-off output (``length``, or ``cancelled`` reported as ``length``) is returned as
-    text, never as a tool call or checked value. A JSON array under ``tools`` is several calls.
+    A cut-off output (``length``; ``cancelled``, and JSON whose end the budget's closing
+    policy wrote, reported as ``length``) is returned as text, never as a tool call or
+    checked value. A JSON array under ``tools`` is several calls.
     A JSON answer that is not JSON or fails the after-check (see the module's doc) has
     finish_reason :data:`INVALID_FINISH` and its findings in ``errors``.
     """
     text, finish = generation.text, generation.finish_reason
-    if finish == "cancelled":
+    # Closed by the budget, the JSON parses, but its last values are the shortest the grammar
+    # allows, not the model's: as a tool call, they would be arguments nobody chose.
+    if finish == "cancelled" or generation.closing_tokens:
         finish = "length"
     if finish == "length" or not plan.is_json:
         return ChoiceOutput(text, finish)
