@@ -100,6 +100,28 @@ def test_the_policy_scans_only_what_can_repeat_and_refuses_the_same(
     assert checked > 20 and narrowed >= 2  # the policy was at work, and refused
 
 
+def test_once_every_choice_is_written_the_array_can_only_end(smollm2_vocab: Any) -> None:
+    matcher = matcher_for(smollm2_vocab, parties_schema({"type": "string", "enum": ["Ann", "Bo"]}))
+    size = smollm2_vocab.size
+    feed(matcher, smollm2_vocab, '{"parties":["Ann"')
+    assert allowed(matcher, size) == allowed(matcher.inner, size)  # "Bo" may follow
+    feed(matcher, smollm2_vocab, ',"Bo"')
+    narrowed, full = allowed(matcher, size), allowed(matcher.inner, size)
+    refused = pieces_of(smollm2_vocab, full - narrowed)
+    assert b"," in refused and all(b"," in piece for piece in refused)
+    assert not any(b"," in piece for piece in pieces_of(smollm2_vocab, narrowed))
+    assert b"]" in pieces_of(smollm2_vocab, narrowed)
+    assert narrowed == scanning_every_allowed_token(matcher, size)
+
+
+def test_a_model_that_repeats_the_choices_ends_the_array_instead(llama_backend: Any) -> None:
+    # The scripted model wants a comma after the last choice; refused, the array ends.
+    engine = ScriptedEngine(llama_backend, '{"parties":["Ann","Bo","Ann","Bo"]}')
+    schema = parties_schema({"type": "string", "enum": ["Ann", "Bo"]})
+    result = generate("Ann and Bo signed.", schema, engine, max_tokens=40, verbatim=True)
+    assert result.value == {"parties": ["Ann", "Bo"]}
+
+
 def test_free_items_are_refused_only_when_complete(smollm2_vocab: Any) -> None:
     matcher = matcher_for(smollm2_vocab, parties_schema({"type": "string"}))
     feed(matcher, smollm2_vocab, '{"parties":["Ann","')

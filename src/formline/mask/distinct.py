@@ -8,7 +8,8 @@ grammar would need a state per subset of the items), so it is kept here, beside 
 grammar: :class:`DistinctItemsMatcher` wraps a :class:`~formline.mask.matcher.GrammarMatcher`,
 follows the JSON text it accepts, and, inside the tracked arrays, clears from the grammar's
 mask every token that would complete an item already written, or (when the items are an
-``enum``) that would start one only written items continue.
+``enum``) that would start one only written items continue, or, once every choice is
+written, that would open another item with a comma (only the array's end is left).
 
 Items are compared as written (their JSON text): ``"a"`` and ``"\\u0061"`` are the same
 value but not the same text, so the policy may let such a repeat through; it never refuses
@@ -119,8 +120,9 @@ class DistinctItemsMatcher:
 
     Costs, per step inside a tracked array that holds an item already, a scan of the bytes
     of the allowed tokens that hold a quote (only those can close or open an item: 163 of
-    SmolLM2's 49,152 tokens, 1,345 of Llama-3's), or inside an enum item of every allowed
-    token (the grammar allows few there); nothing otherwise. Inside a free string item, the
+    SmolLM2's 49,152 tokens, 1,345 of Llama-3's; once an enum's choices are all written, those
+    that hold a comma too), or inside an enum item of every allowed token (the grammar
+    allows few there); nothing otherwise. Inside a free string item, the
     grammar's fill included: 0.16-0.17 ms a step on SmolLM2, 0.46-0.48 ms on Llama-3, where
     scanning every allowed token (48,787 and 123,234) cost 80-82 and 194-196 ms
     (``python -m bench.policy_bench``, bench/results/policy.md).
@@ -142,6 +144,9 @@ class DistinctItemsMatcher:
         quoted = vocabulary.tokens_with_byte(0x22)
         self._quoted = quoted
         self._quoted_words, self._quoted_bits = quoted >> 5, (quoted & 31).astype(np.uint32)
+        # Once every enum choice is written, a comma can only lead to a repeat: the tokens
+        # holding one are scanned too then (126 of SmolLM2's tokens hold a comma, 861 of Llama-3's).
+        self._commas = vocabulary.tokens_with_byte(0x2C)
         self._accepted: list[bytes] = []
         self.follower = JsonFollower(self.arrays)
 
@@ -208,8 +213,10 @@ class DistinctItemsMatcher:
             # Only a token holding a quote can close an item or open one (_repeats): the
             # allowed ones among them. Scanning every allowed token cost 80-82 ms a step
             # inside a free string item on SmolLM2, 194-196 on Llama-3 (bench.policy_bench).
-            is_allowed = (row[self._quoted_words] >> self._quoted_bits) & 1 == 1
-            candidates = self._quoted[is_allowed]
+            candidates = _allowed_among(row, self._quoted, self._quoted_words, self._quoted_bits)
+            if choices is not None and _is_exhausted(array.items, choices):
+                commas = _allowed_among(row, self._commas)
+                candidates = np.union1d(candidates, commas)
         else:  # an enum's prefix: the grammar allows a few tokens, any may end the choices
             flags = np.unpackbits(row.view(np.uint8), bitorder="little")[: self._vocabulary_size]
             candidates = np.flatnonzero(flags)
@@ -244,7 +251,10 @@ class DistinctItemsMatcher:
                 text += bytes((byte,))
             elif byte == 0x22:
                 in_string, text = True, b""
-            elif byte not in WHITESPACE and byte != 0x2C:
+            elif byte == 0x2C:
+                if choices is not None and _is_exhausted([*written, *closed], choices):
+                    return True  # another item: every choice it could be is written
+            elif byte not in WHITESPACE:
                 return False  # the array closes, or something other than a string item
         if not in_string or choices is None or b"\\" in text:
             return False  # an escape is compared as written, choices are not: let it be
@@ -252,6 +262,22 @@ class DistinctItemsMatcher:
         return any(item.startswith(text) for item in written) and not _is_continued(
             text, written, choices
         )
+
+
+def _allowed_among(
+    row: np.ndarray, tokens: np.ndarray, words: Any = None, bits: Any = None
+) -> np.ndarray:
+    """The ``tokens`` (sorted ids) whose bit is set in ``row``; ``words`` and ``bits``: their
+    word indices and bit shifts, when kept from an earlier step."""
+    words = tokens >> 5 if words is None else words
+    bits = (tokens & 31).astype(np.uint32) if bits is None else bits
+    result: np.ndarray = tokens[(row[words] >> bits) & 1 == 1]
+    return result
+
+
+def _is_exhausted(written: list[bytes], choices: list[bytes]) -> bool:
+    """Whether every choice is among the items written (as written: see the module)."""
+    return set(choices) <= set(written)
 
 
 def _is_continued(prefix: bytes, written: list[bytes], choices: list[bytes]) -> bool:
