@@ -71,14 +71,21 @@ class BatchGrammarMatcher:
             )
         states = list(map(MatcherCore.state_key, matchers))
         masks, missing = _look_up(states, matchers, grammars)
-        if missing:
-            self._fill_missing(missing, masks)
-        # One native copy for every row (a copy per row cost 1.5 µs of buffer handling, more
-        # than the 16 KiB copy itself), on the calling thread, after the fill: copied on the
-        # thread that filled each mask, the 2-thread cold fill took 460-470 µs against 410
-        # (the other core's writes to the bitmask's lines), and the next fill's copies 57 µs
-        # against 47.
-        copy_masks(masks, target, rows)
+        # Woken before the configurations are flattened, the helpers are running when the
+        # fill reaches them (a woken thread began 80-120 µs after its wake on a 2-core VM;
+        # see native/pool.hpp); held through the copy, they share it; released, they park.
+        threads = self._threads_for(missing)
+        prepare_helpers(threads)
+        try:
+            if missing:
+                self._fill_missing(missing, masks, threads)
+            # One native copy for every row (a copy per row cost 1.5 µs of buffer handling,
+            # more than the 16 KiB copy itself), after the fill, rows shared by the held
+            # threads: copied on the thread that filled each mask, in the fill, the 2-thread
+            # cold fill took 460-470 µs against 410 (the copies met the other thread's walks).
+            copy_masks(masks, target, rows, threads)
+        finally:
+            release_helpers(threads)
         if device_tensor is not None:
             torch = sys.modules["torch"]
             device_tensor.copy_(torch.from_numpy(target))
@@ -101,46 +108,46 @@ class BatchGrammarMatcher:
             raise ValueError(f"a row index is outside the bitmask's {available} rows")
         return rows
 
-    def _fill_missing(self, missing: list[MissingConfiguration], masks: list[Any]) -> None:
+    def _threads_for(self, missing: list[MissingConfiguration]) -> int:
+        """The threads a fill of ``missing`` runs on: one when nothing is missing (a cached
+        batch's copy alone is not worth a wake: 20-24 µs of the caller's time on a 2-core VM
+        against a 40-45 µs copy), or when a single new row is missing (one sequence meeting
+        a new state: its configuration usually has one stack top to walk, which a helper
+        could not share); else ``max_threads``."""
+        if not missing or (len(missing) == 1 and len(missing[0][3]) == 1):
+            return 1
+        return self.max_threads
+
+    def _fill_missing(
+        self, missing: list[MissingConfiguration], masks: list[Any], threads: int
+    ) -> None:
         """Fill each configuration of ``missing`` once (64 rows of the batch benchmark hold 30),
         cache it, and put it in ``masks`` at its rows. Costs the new states' walks and one fill
-        per configuration, spread over the threads without the GIL.
+        per configuration, spread over ``threads`` threads (prepared) without the GIL.
 
         Raises:
             ParserLimitError: a walk needed more stacks than its grammar's limit.
         """
-        # Woken before the configurations below are flattened, the helpers are running when
-        # the fill reaches them (a woken thread began 80-120 µs after its wake on a 2-core VM;
-        # see native/pool.hpp); released after it, they park.
-        # A single new row (one sequence meeting a new state) is filled on this thread, as
-        # its own matcher would fill it: its configuration usually has one stack top to
-        # walk, which a helper could not share.
-        is_one_row = len(missing) == 1 and len(missing[0][3]) == 1
-        threads = 1 if is_one_row else self.max_threads
-        prepare_helpers(threads)
-        try:
-            kernels, configurations, can_ends, outputs = [], [], [], []
-            # One pass makes the fill's arguments, places each mask in its rows and lists
-            # what to cache. With the lookups, this loop and the copies one pass each, the
-            # caller's part of a 64-row cold fill went from 90-92 to 77-78 µs; most of what
-            # is left is cache misses on these objects after a compile (this loop: 26 µs, 12
-            # when run again at once).
-            remembered: dict[int, tuple[CompiledGrammar, list]] = {}
-            for grammar, stacks, can_end, positions in missing:
-                words = np.empty(grammar.words, dtype=np.uint32)
-                for position in positions:
-                    masks[position] = words
-                kernels.append(grammar.kernel)
-                configurations.append(stacks)
-                can_ends.append(can_end)
-                outputs.append(words)
-                entry = remembered.get(id(grammar))
-                if entry is None:
-                    entry = remembered[id(grammar)] = (grammar, [])
-                entry[1].append((stacks, can_end, words))
-            status = fill_masks(kernels, configurations, can_ends, outputs, threads)
-        finally:
-            release_helpers(threads)
+        kernels, configurations, can_ends, outputs = [], [], [], []
+        # One pass makes the fill's arguments, places each mask in its rows and lists what
+        # to cache. With the lookups, this loop and the copies one pass each, the caller's
+        # part of a 64-row cold fill went from 90-92 to 77-78 µs; most of what is left is
+        # cache misses on these objects after a compile (this loop: 26 µs, 12 when run
+        # again at once).
+        remembered: dict[int, tuple[CompiledGrammar, list]] = {}
+        for grammar, stacks, can_end, positions in missing:
+            words = np.empty(grammar.words, dtype=np.uint32)
+            for position in positions:
+                masks[position] = words
+            kernels.append(grammar.kernel)
+            configurations.append(stacks)
+            can_ends.append(can_end)
+            outputs.append(words)
+            entry = remembered.get(id(grammar))
+            if entry is None:
+                entry = remembered[id(grammar)] = (grammar, [])
+            entry[1].append((stacks, can_end, words))
+        status = fill_masks(kernels, configurations, can_ends, outputs, threads)
         missing[0][0].check_status(status)  # the stack limit: the one error a fill returns
         for grammar, entries in remembered.values():
             grammar.remember_masks(entries)

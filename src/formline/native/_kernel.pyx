@@ -104,6 +104,8 @@ cdef extern from "batch.hpp" namespace "formline" nogil:
     cdef cppclass BatchFill:
         void add(MaskKernel* kernel, vector[int32_t] flat, cpp_bool can_end, uint32_t* out)
         int run(int threads) except +
+    void copy_rows(const uint32_t* const* sources, const int64_t* widths, int32_t* bitmask,
+                   int64_t columns, const int64_t* rows, size_t count, int threads) except +
 
 
 cdef extern from "apply.hpp" namespace "formline" nogil:
@@ -1102,17 +1104,19 @@ def spin_mutex_count(int threads, int rounds, int hold_every=0, int hold_microse
     return counted
 
 
-def copy_masks(list sources, int32_t[:, ::1] bitmask, const int64_t[::1] rows):
+def copy_masks(list sources, int32_t[:, ::1] bitmask, const int64_t[::1] rows, int threads=1):
     """``bitmask[rows[k]] = sources[k]`` for a list of 1-D uint32 masks (words past a source
     zeroed): one call for a batch, the copies without the GIL (a call per row cost 1.5 µs
-    of buffer handling, more than the 16 KiB copy itself)."""
+    of buffer handling, more than the 16 KiB copy itself), on ``threads`` threads (the
+    calling one and the batch's helpers: worth it only while :func:`prepare_helpers` holds
+    them, or a wake costs more than the copy)."""
     cdef Py_ssize_t count = len(sources)
     if rows.shape[0] != count:
         raise ValueError(f"{count} masks but {rows.shape[0]} rows")
     cdef vector[const uint32_t*] pointers
-    cdef vector[Py_ssize_t] widths
+    cdef vector[int64_t] widths
     cdef const uint32_t[::1] view
-    cdef Py_ssize_t k, width, row
+    cdef Py_ssize_t k, row
     cdef Py_ssize_t columns = bitmask.shape[1]
     for k in range(count):
         view = sources[k]
@@ -1124,17 +1128,11 @@ def copy_masks(list sources, int32_t[:, ::1] bitmask, const int64_t[::1] rows):
     # memcpy per row: the word loop through the 2-D view was not vectorised (64 rows of
     # Llama-3's 4,008 words from one mask: 21 -> 12 µs; a cold 64-row batch's 30 masks
     # 25 -> 20 µs).
-    cdef int32_t* target
-    if columns == 0:
-        return  # no row to write (and &bitmask[row, 0] would point past it)
+    if columns == 0 or count == 0:
+        return  # no row to write (and &bitmask[0, 0] would point past it)
     with nogil:
-        for k in range(count):
-            width = widths[k]
-            target = &bitmask[rows[k], 0]
-            if width:
-                memcpy(target, pointers[k], width * sizeof(uint32_t))
-            if columns > width:
-                memset(target + width, 0, (columns - width) * sizeof(int32_t))
+        copy_rows(pointers.data(), widths.data(), &bitmask[0, 0], columns, &rows[0],
+                  <size_t>count, max(1, threads))
 
 
 def apply_bitmask(

@@ -11,6 +11,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <cstring>
 #include <cstdint>
 #include <deque>
 #include <exception>
@@ -142,5 +143,34 @@ class BatchFill {
   std::atomic<int> status_{0};
   std::exception_ptr failure_;
 };
+
+// Writes `bitmask[rows[k]] = sources[k]` for every k (words past `widths[k]` zeroed), rows
+// taken a few at a time by `threads` threads, the calling one included. Called while the
+// batch's helpers are still held (spinning). 64 Llama-3 rows (1 MiB) from 29 masks, timed
+// in a loop with the helper spinning (a diagnostic, 400 rounds): 85 -> 72 and 76 -> 61 µs
+// (median); in the 2-thread cold fill, 652 -> 638 µs (150 alternated repeats).
+inline void copy_rows(const uint32_t* const* sources, const int64_t* widths, int32_t* bitmask,
+                      int64_t columns, const int64_t* rows, size_t count, int threads) {
+  constexpr size_t kRowsPerTake = 4;  // 64 KiB of Llama-3 rows: one queue step per 4 copies
+  std::atomic<size_t> next{0};
+  const auto copy = [&] {
+    for (size_t first = next.fetch_add(kRowsPerTake); first < count;
+         first = next.fetch_add(kRowsPerTake)) {
+      for (size_t k = first; k < std::min(count, first + kRowsPerTake); ++k) {
+        int32_t* target = bitmask + rows[k] * columns;
+        const int64_t width = widths[k];
+        if (width) std::memcpy(target, sources[k], static_cast<size_t>(width) * sizeof(uint32_t));
+        if (columns > width)
+          std::memset(target + width, 0, static_cast<size_t>(columns - width) * sizeof(int32_t));
+      }
+    }
+  };
+  const size_t takes = (count + kRowsPerTake - 1) / kRowsPerTake;
+  const int extra = std::min(threads - 1, static_cast<int>(takes) - 1);
+  if (extra <= 0)
+    copy();
+  else  // alone when another batch holds the pool: a thread made for a copy costs more
+    HelperPool::shared().run(extra, copy, /*alone_when_busy=*/true);
+}
 
 }  // namespace formline
