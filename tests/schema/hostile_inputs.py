@@ -182,6 +182,24 @@ GRAMMARS = [
         "a{0,1000000}",
         ("GrammarError", "repetition count above"),
     ),
+    HostileGrammar(  # int() refuses 4,300 digits: it was a bare ValueError
+        "a 5,000-digit count", "regex", "a{" + "9" * 5000 + "}", ("GrammarError", "above")
+    ),
+    HostileGrammar(
+        "a 5,000-digit count in EBNF",
+        "ebnf",
+        'root ::= "a"{' + "9" * 5000 + "}",
+        ("GrammarError", "repetition count above"),
+    ),
+    HostileGrammar(  # a JSON request may hold "\ud800": it was a UnicodeEncodeError
+        "a lone surrogate", "regex", "a\ud800", ("GrammarError", "U+D800 is a lone surrogate")
+    ),
+    HostileGrammar(
+        "a lone surrogate in EBNF",
+        "ebnf",
+        'root ::= "\udfff"',
+        ("GrammarError", "U+DFFF is a lone surrogate"),
+    ),
 ]
 
 

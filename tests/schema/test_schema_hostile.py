@@ -20,7 +20,7 @@ from formline.grammar.budget import CompileBudget, CompileLimitError, Deadline
 from formline.grammar.ir import Grammar, GrammarError
 from formline.mask import GrammarMatcher, allocate_token_bitmask, compile_grammar
 from formline.mask.compiler import CompileCache
-from formline.schema import SchemaError, compile_schema, schema_to_grammar
+from formline.schema import SchemaError, compile_schema, schema_of, schema_to_grammar
 from formline.vocab import Vocabulary
 
 HANG_GUARD_SECONDS = 30.0
@@ -217,3 +217,28 @@ def test_a_bitmask_of_the_wrong_shape_is_refused(smollm2_vocab: Vocabulary) -> N
         matcher.fill_next_token_bitmask(allocate_token_bitmask(1, smollm2_vocab.size), 3)
     wider = np.zeros((2, words + 5), dtype=np.int32)  # padded logits: wider rows are fine
     assert matcher.fill_next_token_bitmask(wider, 1) and wider[1, words:].sum() == 0
+
+
+@pytest.mark.parametrize(
+    ("schema", "fragment"),
+    [
+        (
+            {"const": float("inf")},
+            "inf is not a JSON number (a number past 1.8e308, or NaN) at /const",
+        ),
+        ({"enum": [1, float("nan")]}, "at /enum/1"),
+        ({"type": "string", "pattern": "a{4294967296}"}, "a pattern Python cannot read"),
+        ({"$ref": "#/x", "x": {"enum": 5}}, "enum must be an array"),  # the metaschema misses x
+        ({"$ref": "#/x", "x": {"type": "array", "prefixItems": 5}}, "prefixItems must be"),
+    ],
+)
+def test_a_malformed_value_is_a_schema_error_not_a_crash(schema: Any, fragment: str) -> None:
+    # Each was an OverflowError, a TypeError, or (inf) a grammar that wrote "Infinity".
+    with pytest.raises(SchemaError) as raised:
+        schema_to_grammar(schema)
+    assert fragment in str(raised.value)
+
+
+def test_a_number_past_double_range_in_json_text_is_refused() -> None:
+    with pytest.raises(SchemaError, match="not a JSON number"):
+        schema_to_grammar(schema_of('{"const": 1e999}'))  # Python reads it as inf

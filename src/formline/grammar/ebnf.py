@@ -32,6 +32,7 @@ from formline.grammar.ir import (
     RuleReference,
     Sequence,
 )
+from formline.grammar.nodes import require_utf8
 from formline.grammar.regex import MAX_GROUP_DEPTH, MAX_REPEAT, parse_regex
 from formline.grammar.utf8 import CodePointRanges, code_points_to_node, complement, normalize
 
@@ -50,6 +51,7 @@ def parse_ebnf(text: str, allow_regex: bool = True) -> dict[str, Node]:
             the error carries the character position (and line and column in the message).
     Costs O(len(text)).
     """
+    require_utf8(text, "grammar")
     try:
         return _EbnfParser(text, allow_regex).parse()
     except RecursionError:  # a caller already deep in the stack; the depth cap is the rule
@@ -147,6 +149,11 @@ class _EbnfParser:
         match = re.fullmatch(r"(\d+)(,(\d*))?", body)
         if closing < 0 or not match:
             raise self.error("malformed repetition, expected {m}, {m,} or {m,n}", start)
+        # int() of a 5,000-digit count raised a bare ValueError (Python's 4,300-digit limit).
+        if any(
+            len((count or "").lstrip("0")) > len(str(MAX_REPEAT)) for count in match.groups()[::2]
+        ):
+            raise self.error(f"repetition count above {MAX_REPEAT}", start)
         minimum = int(match.group(1))
         maximum: int | None = minimum
         if match.group(2):

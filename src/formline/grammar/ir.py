@@ -31,6 +31,7 @@ from formline.grammar.nodes import (
     Sequence,
     expanded_size,
     optional,
+    require_utf8,
     walk,
 )
 from formline.native import flatten_rules
@@ -355,10 +356,12 @@ class Grammar:
         """A grammar for exactly one of ``choices``.
 
         Raises:
-            GrammarError: the list is empty.
+            GrammarError: the list is empty, or a choice is not text (a lone surrogate).
         """
         if not choices:
             raise GrammarError("a choice grammar needs at least one choice")
+        for choice in choices:
+            require_utf8(choice, "choice")
         options = tuple(Literal(choice.encode("utf-8")) for choice in dict.fromkeys(choices))
         return cls({"root": Choice(options)}, "root")
 

@@ -407,3 +407,20 @@ def expanded_size(node: Node) -> int:
     item once per allowed repetition (``{0,255}`` of a character is 255 characters), a
     shared subtree once per use, a reference once. Costs O(1): computed at construction."""
     return node._size
+
+
+def require_utf8(text: str, what: str) -> None:
+    """Raise unless ``text`` encodes as UTF-8 (a lone surrogate such as ``"\\ud800"``, which a
+    JSON request may hold, does not: it raised UnicodeEncodeError deep in a parser).
+
+    Raises:
+        GrammarError: naming ``what`` and the character's position.
+    Costs one encode of ``text``.
+    """
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as error:
+        code = ord(text[error.start])
+        raise GrammarError(
+            f"{what}: U+{code:04X} is a lone surrogate, not text", error.start, text
+        ) from None

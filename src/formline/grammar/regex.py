@@ -31,6 +31,7 @@ from formline.grammar.ir import (
     Repeat,
     Sequence,
 )
+from formline.grammar.nodes import require_utf8
 from formline.grammar.utf8 import CodePointRanges, code_points_to_node, complement, normalize
 
 DIGIT: CodePointRanges = [(0x30, 0x39)]
@@ -52,6 +53,7 @@ def parse_regex(pattern: str) -> Node:
         GrammarError: malformed or unsupported syntax, with the character position.
     Costs O(len(pattern)).
     """
+    require_utf8(pattern, "regex")
     try:
         return RegexParser(pattern).parse()
     except RecursionError:  # a caller already deep in the stack; the depth cap is the rule
@@ -175,13 +177,17 @@ class RegexParser:
         closing = self.pattern.find("}", self.position)
         body = self.pattern[self.position : closing] if closing >= 0 else ""
         parts = body.split(",")
-        if closing < 0 or len(parts) > 2 or not all(p.strip().isdigit() or p == "" for p in parts):
+        is_count = [p == "" or (p.strip().isdigit() and p.isascii()) for p in parts]  # not "²"
+        if closing < 0 or len(parts) > 2 or not all(is_count):
             # Python treats a malformed brace as a literal '{'.
             self.position = start
             return None
         if parts == [""] or (len(parts) == 2 and parts[0] == "" and parts[1] == ""):
             self.position = start
             return None
+        # int() of a 5,000-digit count raised a bare ValueError (Python's 4,300-digit limit).
+        if any(len(part.strip().lstrip("0")) > len(str(MAX_REPEAT)) for part in parts):
+            raise self.error(f"repetition count above {MAX_REPEAT}", start)
         minimum = int(parts[0]) if parts[0] else 0
         maximum: int | None = minimum
         if len(parts) == 2:

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from operator import itemgetter
 from typing import Any
 
-from jsonschema.validators import Draft202012Validator, validator_for
+from jsonschema.validators import Draft202012Validator, extend, validator_for
 from referencing.exceptions import Unresolvable
 
 from formline.grammar.budget import CompileBudget, CompileLimitError, Deadline
@@ -300,6 +300,27 @@ def compile_schema(
 def _validator(schema: dict[str, Any] | bool) -> Any:
     """The schema's own draft validator with that draft's format checker (a bare
     ``FormatChecker()`` mixes drafts: its "time" is draft 3's ``%H:%M:%S``, which refuses
-    ``08:30:06Z``)."""
-    cls = validator_for(schema, default=Draft202012Validator)
+    ``08:30:06Z``), reading ``nullable`` as the grammar does (:func:`_with_nullable`)."""
+    cls = _with_nullable(validator_for(schema, default=Draft202012Validator))
     return cls(schema, format_checker=cls.FORMAT_CHECKER)
+
+
+_NULLABLE_CLASSES: dict[Any, Any] = {}
+
+
+def _with_nullable(cls: Any) -> Any:
+    """``cls`` whose ``type`` also admits ``null`` beside ``"nullable": true`` (OpenAPI
+    3.0's form, which the grammar writes: ``values.typed_value``); ``enum`` and ``const``
+    unchanged, as in OpenAPI 3.0.3. Without it every ``null`` the grammar allowed failed
+    the after-check. Made once per draft."""
+    extended = _NULLABLE_CLASSES.get(cls)
+    if extended is None:
+        base_type = cls.VALIDATORS["type"]
+
+        def nullable_type(validator: Any, types: Any, instance: Any, schema: Any) -> Any:
+            if instance is None and schema.get("nullable") is True:
+                return
+            yield from base_type(validator, types, instance, schema)
+
+        extended = _NULLABLE_CLASSES[cls] = extend(cls, {"type": nullable_type})
+    return extended

@@ -10,6 +10,7 @@ Every keyword is recorded in the :class:`~formline.schema.report.SchemaReport`.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from math import isfinite
 from typing import Any
 
 from jsonschema import Draft7Validator, Draft202012Validator
@@ -26,7 +27,14 @@ from formline.schema.json_text import (
     compact_json,
     is_nothing,
 )
-from formline.schema.merge import ALL_TYPE_KEYWORDS, Schema, as_object, merge, type_set
+from formline.schema.merge import (
+    ALL_TYPE_KEYWORDS,
+    Schema,
+    as_object,
+    json_equal,
+    merge,
+    type_set,
+)
 from formline.schema.objects import object_value
 from formline.schema.report import SchemaError, SchemaReport, escape_pointer
 from formline.schema.resolving import LazyResolver, has_identifiers, pointer_target, resolver_of
@@ -494,7 +502,9 @@ def _is_nesting_within(root: Any, limit: int) -> bool:
             children: Any = node.values()
         elif isinstance(node, list | tuple):  # a tuple is an array to the JSON dump too
             children = node
-        elif isinstance(node, int) and node.bit_length() > MAX_INTEGER_BITS:
+        elif (isinstance(node, int) and node.bit_length() > MAX_INTEGER_BITS) or (
+            isinstance(node, float) and not isfinite(node)
+        ):
             return False
         else:
             continue
@@ -507,6 +517,8 @@ def _is_nesting_within(root: Any, limit: int) -> bool:
                 isinstance(child, int) and child.bit_length() > MAX_INTEGER_BITS
             ):
                 return False
+            elif isinstance(child, float) and not isfinite(child):
+                return False  # Python reads 1e999 as inf: a const the grammar would write
     return True
 
 
@@ -529,6 +541,10 @@ def _raise_nesting_error(root: Any, limit: int) -> None:
         elif isinstance(node, int) and node.bit_length() > MAX_INTEGER_BITS:
             raise SchemaError(
                 f"an integer of more than {MAX_INTEGER_DIGITS:,} digits", pointer or "/"
+            )
+        elif isinstance(node, float) and not isfinite(node):
+            raise SchemaError(
+                f"{node} is not a JSON number (a number past 1.8e308, or NaN)", pointer or "/"
             )
 
 
@@ -579,7 +595,9 @@ def _are_disjoint(branches: list[Any], resolver: Any) -> bool:
             seen |= widened
         if disjoint:
             return True
-    return _has_discriminator(objects)
+    # A tag tells objects apart only: a branch that admits a string admits it as the others
+    # do ("x" matched both branches of a tagged oneOf without "type": "object").
+    return all(found == {"object"} for found in types) and _has_discriminator(objects)
 
 
 def _has_discriminator(objects: list[Schema]) -> bool:
@@ -598,8 +616,8 @@ def _has_discriminator(objects: list[Schema]) -> bool:
         for branch in objects:
             sub = branch["properties"][name]
             values = [sub["const"]] if "const" in sub else list(sub["enum"])
-            if any(value in seen for value in values):
-                clash = True
+            if any(json_equal(value, other) for value in values for other in seen):
+                clash = True  # compared as JSON: Python's 1 == True would hide none
             seen.extend(values)
         if not clash:
             return True

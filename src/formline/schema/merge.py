@@ -97,9 +97,10 @@ def merge(first: Schema, second: Schema, pointer: str) -> tuple[Schema, list[tup
         if keyword not in merged:
             merged[keyword] = value
             continue
-        if merged[keyword] == value:
+        if json_equal(merged[keyword], value):  # Python's == has 1 == true
             continue
         _merge_keyword(merged, keyword, value, pointer, notes)
+    _merge_boolean_exclusives(merged, first, second)
     if "type" in first and "type" in second:
         types = intersect_types(type_set(first, pointer), type_set(second, pointer))
         merged["type"] = sorted(types or [])
@@ -145,6 +146,34 @@ def _merge_keyword(
         notes.append((keyword, "a second value in allOf"))
 
 
+def _merge_boolean_exclusives(merged: Schema, first: Schema, second: Schema) -> None:
+    """Draft 4's ``exclusiveMinimum: true`` qualifies its own schema's ``minimum``: merged,
+    the tighter bound keeps its own flag (an equal bound is exclusive if either is), not the
+    first schema's (``minimum`` 5 exclusive with ``minimum`` 6 refused 6)."""
+    for bound, flag, tighter in (
+        ("minimum", "exclusiveMinimum", 1),
+        ("maximum", "exclusiveMaximum", -1),
+    ):
+        pairs = [
+            (Decimal(str(schema[bound])), schema.get(flag) is True)
+            for schema in (first, second)
+            if _is_number(schema.get(bound))
+        ]
+        if not any(isinstance(schema.get(flag), bool) for schema in (first, second)):
+            continue
+        if not pairs:  # a flag without its bound says nothing
+            merged.pop(flag, None)
+            continue
+        if len(pairs) == 1:
+            merged[flag] = pairs[0][1]
+            continue
+        (left, left_open), (right, right_open) = pairs
+        if left == right:
+            merged[flag] = left_open or right_open
+        else:
+            merged[flag] = left_open if (left - right) * tighter > 0 else right_open
+
+
 def _merge_branches(
     merged: Schema, keyword: str, value: list[Any], notes: list[tuple[str, str]]
 ) -> None:
@@ -161,6 +190,8 @@ def _array_parts(schema: Schema) -> tuple[list[Any], Any]:
     """(positional item schemas, the schema of every later item) in either dialect;
     ``additionalItems`` without an ``items`` array constrains nothing."""
     if "prefixItems" in schema:
+        if not isinstance(schema["prefixItems"], list):  # a $ref target the metaschema missed
+            raise SchemaError("prefixItems must be an array", "", "prefixItems")
         return list(schema["prefixItems"]), schema.get("items", True)
     items = schema.get("items", True)
     if isinstance(items, list):

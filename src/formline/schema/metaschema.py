@@ -39,11 +39,17 @@ def check_schema(schema: dict[str, Any] | bool) -> None:
     Costs about 5 µs plus a walk of the schema when valid (the Python check's milliseconds
     only for an invalid schema or an unusual ``pattern`` or URI).
     """
-    if _is_valid_fast(schema):
-        return
+    try:
+        if _is_valid_fast(schema):
+            return
+    except (OverflowError, ValueError):  # a regex Python's re cannot even try (a{4294967296})
+        pass  # the check below names it
     cls = validator_for(schema, default=Draft202012Validator)
     try:
         cls.check_schema(schema)
+    except (OverflowError, ValueError) as error:  # the regex format check lets these through
+        message = f"not a valid JSON Schema: a pattern Python cannot read ({error})"
+        raise SchemaError(message) from error
     except MetaSchemaError as error:
         path = [str(part) for part in error.absolute_path]
         keyword = path[-1] if path else None  # the user's keyword at fault, not the meta one

@@ -119,9 +119,9 @@ def _record_inapplicable(
 
 def enum_value(compiler: SchemaCompiler, schema: Schema, types: set[str], pointer: str) -> Node:
     """``enum``/``const``: the literal texts of the values that pass the other keywords."""
-    values = list(schema["enum"]) if "enum" in schema else [schema["const"]]
-    if not isinstance(schema.get("enum", []), list):
+    if not isinstance(schema.get("enum", []), list):  # before list(): list(5) is a TypeError
         raise SchemaError("enum must be an array", pointer, "enum")
+    values = list(schema["enum"]) if "enum" in schema else [schema["const"]]
     if "const" in schema and "enum" in schema:
         values = [value for value in values if json_equal(value, schema["const"])]
     rest = {key: value for key, value in schema.items() if key not in ("enum", "const")}
@@ -363,6 +363,8 @@ def _array_items(
     """(prefix item schemas with their keyword, the schema of the rest, its keyword)."""
     items = schema.get("items", True)
     if "prefixItems" in schema and not compiler.is_draft7:
+        if not isinstance(schema["prefixItems"], list):  # a $ref target the metaschema missed
+            raise SchemaError("prefixItems must be an array", pointer, "prefixItems")
         prefix = [("prefixItems", item) for item in schema["prefixItems"]]
         return prefix, items, "items"
     if isinstance(items, list):

@@ -427,9 +427,11 @@ def _guided(key: str, value: Any, param: str, limits: Limits) -> Constraint:
             raise ApiError(
                 f"{param} must be a non-empty list of strings", param=param, code="invalid_type"
             )
-        size = sum(len(option.encode()) for option in value)
+        size = sum(len(option.encode(errors="surrogatepass")) for option in value)
     else:
-        size = len(read_string(value, param, allow_empty=False).encode())
+        size = len(read_string(value, param, allow_empty=False).encode(errors="surrogatepass"))
+    # A lone surrogate ("\ud800" in the JSON) is counted here and refused by the grammar's
+    # parser (a 400 naming it); encoded strictly, it was a 500.
     if size > limits.max_schema_bytes:
         raise ApiError(
             f"{param} has {size} bytes; the limit is {limits.max_schema_bytes}",

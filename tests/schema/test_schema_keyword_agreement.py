@@ -1,0 +1,89 @@
+"""The grammar, the keyword report and the after-check agree on keywords where they once
+did not: a value the grammar writes passes the after-check, and what the grammar cannot hold
+is on the report as checked after (a read-only review found each of these)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from formline.parser.pushdown import build_pushdown
+from formline.schema import SchemaError, schema_to_grammar
+from formline.schema.api import SchemaCheck
+
+DRAFT4 = "http://json-schema.org/draft-04/schema#"
+
+
+def accepts(schema: Any, text: bytes) -> bool:
+    grammar, _ = schema_to_grammar(schema)
+    return bool(build_pushdown(grammar).matches(text))
+
+
+def checked_after(schema: Any) -> set[str]:
+    _, report = schema_to_grammar(schema)
+    return {use.keyword for use in report.checked_after}
+
+
+def test_nullable_admits_null_in_the_grammar_and_the_after_check_alike() -> None:
+    schema = {
+        "type": "object",
+        "properties": {"a": {"type": "string", "nullable": True}, "b": {"type": "string"}},
+        "required": ["a", "b"],
+    }
+    assert accepts(schema, b'{"a":null,"b":"x"}') and not accepts(schema, b'{"a":"x","b":null}')
+    check = SchemaCheck(schema)
+    assert check.check({"a": None, "b": "x"}) == []  # was "None is not of type 'string'"
+    assert check.check({"a": "x", "b": None}) != []
+    enum = {"type": "string", "enum": ["a"], "nullable": True}  # OpenAPI 3.0.3: type only
+    assert not accepts(enum, b"null") and SchemaCheck(enum).check(None) != []
+
+
+def test_min_properties_met_by_extra_members_is_checked_after() -> None:
+    # {"a":1,"a":2} has two members in the text and one once parsed.
+    assert accepts({"type": "object", "minProperties": 2}, b'{"a":1,"a":2}')
+    assert "minProperties" in checked_after({"type": "object", "minProperties": 2})
+    closed = {"properties": {"a": {}, "b": {}}, "additionalProperties": False}
+    assert "minProperties" not in checked_after({"type": "object", "minProperties": 2, **closed})
+
+
+def test_all_of_compares_values_as_json_not_as_python() -> None:
+    with pytest.raises(SchemaError, match="accepts no value"):  # 1 == True in Python
+        schema_to_grammar({"allOf": [{"const": 1}, {"const": True}]})
+
+
+@pytest.mark.parametrize(
+    ("branches", "accepted", "refused"),
+    [
+        ([{"minimum": 5, "exclusiveMinimum": True}, {"minimum": 6}], [b"6", b"7"], [b"5.5"]),
+        ([{"minimum": 5, "exclusiveMinimum": True}, {"minimum": 5}], [b"5.5"], [b"5"]),
+        ([{"maximum": 5, "exclusiveMaximum": True}, {"maximum": 6}], [b"4"], [b"5"]),
+    ],
+)
+def test_draft4_exclusive_flags_follow_their_own_bound(
+    branches: list[Any], accepted: list[bytes], refused: list[bytes]
+) -> None:
+    schema = {"$schema": DRAFT4, "type": "number", "allOf": branches}
+    assert all(accepts(schema, text) for text in accepted)
+    assert not any(accepts(schema, text) for text in refused)
+
+
+def test_a_tag_makes_one_of_exclusive_only_among_objects() -> None:
+    tagged = [
+        {"properties": {"k": {"const": "a"}}, "required": ["k"]},
+        {"properties": {"k": {"const": "b"}}, "required": ["k"]},
+    ]
+    assert "oneOf" in checked_after({"oneOf": tagged})  # "x" matches both branches
+    objects = [{"type": "object", **branch} for branch in tagged]
+    assert "oneOf" not in checked_after({"oneOf": objects})
+
+
+def test_property_names_beside_patterns_is_on_the_report() -> None:
+    schema = {
+        "type": "object",
+        "patternProperties": {"^x": {}},
+        "propertyNames": {"maxLength": 2},
+        "additionalProperties": False,
+    }
+    assert accepts(schema, b'{"xxxx":1}')  # the pattern's key: propertyNames cannot hold it
+    assert "propertyNames" in checked_after(schema)  # it was on no list at all
