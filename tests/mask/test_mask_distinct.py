@@ -82,7 +82,14 @@ def scanning_every_allowed_token(matcher: DistinctItemsMatcher, size: int) -> se
     return inner - refused if refused and len(refused) < len(inner) else inner
 
 
-@pytest.mark.parametrize("items", [{"type": "string"}, {"type": "string", "enum": NAMES}])
+@pytest.mark.parametrize(
+    "items",
+    [
+        {"type": "string"},
+        {"type": "string", "enum": NAMES},
+        {"type": "string", "enum": ["Ann", "Kestrel Foods"]},  # every choice written, then
+    ],
+)
 def test_the_policy_scans_only_what_can_repeat_and_refuses_the_same(
     smollm2_vocab: Any, items: dict[str, Any]
 ) -> None:
@@ -112,6 +119,25 @@ def test_once_every_choice_is_written_the_array_can_only_end(smollm2_vocab: Any)
     assert not any(b"," in piece for piece in pieces_of(smollm2_vocab, narrowed))
     assert b"]" in pieces_of(smollm2_vocab, narrowed)
     assert narrowed == scanning_every_allowed_token(matcher, size)
+
+
+def test_choices_written_while_min_items_asks_for_more_keep_the_grammar_mask(
+    smollm2_vocab: Any,
+) -> None:
+    schema = parties_schema({"type": "string", "enum": ["Ann", "Bo"]})
+    schema["properties"]["parties"]["minItems"] = 3
+    matcher = matcher_for(smollm2_vocab, schema)
+    feed(matcher, smollm2_vocab, '{"parties":["Ann","Bo"')
+    size = smollm2_vocab.size
+    assert allowed(matcher, size) == allowed(matcher.inner, size)  # a comma is all there is
+
+
+def test_an_array_sharing_its_path_with_other_items_keeps_no_enum() -> None:
+    closed = {"type": "array", "items": {"type": "string", "enum": ["a", "b"]}}
+    for other in ({"type": "array", "items": {}}, {"type": "array", "prefixItems": [{}]}):
+        schema = {"type": "object", "properties": {"tags": {"anyOf": [closed, other]}}}
+        assert distinct_arrays(schema) == {("tags",): None}  # ',"c"' and ',3' stay open
+    assert distinct_arrays({"properties": {"tags": closed}}) == {("tags",): ["a", "b"]}
 
 
 def test_a_model_that_repeats_the_choices_ends_the_array_instead(llama_backend: Any) -> None:

@@ -304,6 +304,8 @@ def test_batch_fill_equals_one_matcher_at_a_time(smollm2_vocab) -> None:
         batch.batch_fill_next_token_bitmask(matchers, bitmask, rows[:-1])
     with pytest.raises(ValueError, match="outside"):
         batch.batch_fill_next_token_bitmask(matchers[:1], bitmask, [30])
+    with pytest.raises(ValueError, match="row 7 is named twice"):  # two threads, one row
+        batch.batch_fill_next_token_bitmask(matchers[:3], bitmask, [7, 8, 7])
     batch.close()
 
 

@@ -57,7 +57,8 @@ class BatchGrammarMatcher:
         place; another device gets one copy of the filled rows).
 
         Raises:
-            ValueError: ``indices`` and ``matchers`` differ in length, or a row is out of range.
+            ValueError: ``indices`` and ``matchers`` differ in length, or a row is out of
+                range or named twice.
             ParserLimitError: a matcher's walk needed more stacks than its limit.
         Costs one cached lookup and one row copy per matcher, or the mask's walk when new.
         """
@@ -95,7 +96,8 @@ class BatchGrammarMatcher:
         """The target row of each matcher, checked against the bitmask's ``available`` rows.
 
         Raises:
-            ValueError: ``indices`` is not ``count`` long, or names a row out of range.
+            ValueError: ``indices`` is not ``count`` long, or names a row out of range or
+                twice.
         """
         if indices is None:
             if count > available:
@@ -106,6 +108,10 @@ class BatchGrammarMatcher:
             raise ValueError(f"{count} matchers but {len(rows)} indices")
         if count and (rows.min() < 0 or rows.max() >= available):
             raise ValueError(f"a row index is outside the bitmask's {available} rows")
+        if count > 1:  # two threads writing one row would tear it (copy_masks shares rows)
+            values, counts = np.unique(rows, return_counts=True)
+            if counts.max() > 1:
+                raise ValueError(f"row {values[counts.argmax()]} is named twice in indices")
         return rows
 
     def _threads_for(self, missing: list[MissingConfiguration]) -> int:

@@ -13,12 +13,13 @@ written, that would open another item with a comma (only the array's end is left
 
 Items are compared as written (their JSON text): ``"a"`` and ``"\\u0061"`` are the same
 value but not the same text, so the policy may let such a repeat through; it never refuses
-a text that is not a repeat. It narrows what the model samples: the text the budget's
-closing policy writes (the grammar's shortest completion) may repeat an item. Items whose
-schema is not plainly ``"type": "string"`` (a nullable string) are not tracked. When every
-grammar-allowed token is refused (the grammar's mask and the policy disagree, which a
-tracked ``enum`` should not allow), the grammar's
-mask is kept: the policy narrows, it never blocks.
+a text that does not lead only to repeats. It narrows what the model samples: the text the
+budget's closing policy writes (the grammar's shortest completion) may repeat an item. Items
+whose schema is not plainly ``"type": "string"`` (a nullable string) are not tracked, and
+an array whose path another array with other items shares keeps no enum. When every
+grammar-allowed token is refused (an enum whose choices are all written while
+``minItems`` asks for more), the grammar's mask is kept: the policy narrows, it never
+blocks.
 """
 
 from __future__ import annotations
@@ -276,8 +277,10 @@ def _allowed_among(
 
 
 def _is_exhausted(written: list[bytes], choices: list[bytes]) -> bool:
-    """Whether every choice is among the items written (as written: see the module)."""
-    return set(choices) <= set(written)
+    """Whether every choice is among the items written (as written: see the module). O(1)
+    while fewer items than choices are written: under ``verbatim`` a free string's choices
+    are the source's spans (up to 4,000), and this runs per step and per comma token."""
+    return len(written) >= len(choices) and set(choices) <= set(written)
 
 
 def _is_continued(prefix: bytes, written: list[bytes], choices: list[bytes]) -> bool:

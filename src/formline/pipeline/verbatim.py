@@ -209,6 +209,8 @@ def distinct_arrays(schema: Any) -> dict[tuple[str, ...], list[str] | None]:
     :data:`MAX_SCHEMA_VISITS` subschemas."""
     collector = _ArrayCollector(schema if isinstance(schema, dict) else {})
     collector.visit(collector.root, ())
+    for path in collector.mixed & collector.found.keys():
+        collector.found[path] = None  # another array there takes other items: no enum
     return collector.found
 
 
@@ -219,6 +221,9 @@ class _ArrayCollector:
     def __init__(self, root: dict[str, Any]):
         self.root = root
         self.found: dict[tuple[str, ...], list[str] | None] = {}
+        # Paths where an array's items are not plain strings (a branch's `items: {}`): the
+        # items there need not be an enum's, so none is kept for them.
+        self.mixed: set[tuple[str, ...]] = set()
         self.expanding: set[str] = set()
         self.visits = 0
 
@@ -241,7 +246,13 @@ class _ArrayCollector:
         if isinstance(items, dict):
             if _is_string_schema(self.root, items):
                 self.record(path, _enum_strings(self.root, items))
+            else:
+                self.mixed.add(path)
             self.visit(items, (*path, "*"))
+        elif items is not None:  # `items: true`: anything
+            self.mixed.add(path)
+        if "prefixItems" in node:  # its first items follow other schemas
+            self.mixed.add(path)
 
     def record(self, path: tuple[str, ...], strings: list[str] | None) -> None:
         """Branches at one path that disagree leave its items free (only exact repeats are
