@@ -71,6 +71,8 @@ def run_task(task: dict[str, Any], mode: str, backend: Any, max_tokens: int) -> 
         record["finish_reason"] = result.finish_reason
         record["tokens"] = result.usage["completion_tokens"]
     value, strict, lenient = parse_output(text)
+    if record.get("failed"):
+        value = None  # a Failed gives the caller no value, whatever its last text held
     record.update(text=text, strict=strict, lenient=lenient, seconds=time.perf_counter() - started)
     record["valid"] = value is not None and is_valid(schema, value)
     record["scores"] = score_task(task, value)

@@ -67,6 +67,10 @@ def test_extract_with_the_repair_loop_records_attempts(tmp_path: Path) -> None:
     jsonschema.validate(row["value"], json.loads(PERSON.read_text()))
     # --ground: every string value is a span of the text (an ungrounded one is repaired).
     assert all(value in text for value in row["value"].values() if isinstance(value, str))
+    alone = tmp_path / "alone.jsonl"  # --ground with one attempt still runs the checking loop
+    assert main([*arguments, "--output", str(alone), "--ground", "--whitespace", "-1"]) == 0
+    (row,) = [json.loads(line) for line in alone.read_text().splitlines()]
+    assert row["attempts"] == 1 and "\n" not in row["text"]  # the model flags reach extract
 
 
 def test_generate_verbatim_copies_the_values_from_the_prompt(capsys: Any) -> None:
@@ -76,3 +80,42 @@ def test_generate_verbatim_copies_the_values_from_the_prompt(capsys: Any) -> Non
     assert value["age"] in (29, 12)  # only the numbers the text states
     for field in ("name", "city"):
         assert value[field] in prompt  # a span of the text, whatever the model chose
+
+
+def test_extract_resumes_rows_without_ids_past_a_torn_line(tmp_path: Path, capsys: Any) -> None:
+    rows = ["Lagos resident Chiamaka Eze turned 29.", "Mateus Carvalho, 34, lives in Porto Alegre."]
+    documents, output = tmp_path / "docs.jsonl", tmp_path / "out.jsonl"
+    arguments = ["extract", "--schema", str(PERSON), "--input", str(documents)]
+    documents.write_text(json.dumps({"text": rows[0]}) + "\n")
+    assert main([*arguments, "--output", str(output)]) == 0
+    with output.open("a") as sink:
+        sink.write('{"id": null, "value": {"na')  # a run killed while writing line 2
+    documents.write_text("".join(json.dumps({"text": text}) + "\n" for text in rows))
+    assert main([*arguments, "--output", str(output)]) == 0  # line 2 has no id: keyed by line
+    err = capsys.readouterr().err
+    assert "dropped a torn last line" in err and "1 written, 1 already there" in err
+    written = [json.loads(line) for line in output.read_text().splitlines()]
+    assert [row["line"] for row in written] == [1, 2] and all(row["value"] for row in written)
+
+
+def test_extract_names_a_bad_input_line_before_loading_the_model(
+    tmp_path: Path, capsys: Any
+) -> None:
+    documents = tmp_path / "docs.jsonl"
+    arguments = ["extract", "--schema", str(PERSON), "--input", str(documents)]
+    for lines, message in (
+        (['{"id": "a", "text": "x"}', '{"id": "b"}'], 'docs.jsonl:2: no "text" string'),
+        (['{"id": "a", "text": "x"}', '["x"]'], "docs.jsonl:2: a line must be a JSON object"),
+        (['{"id": "a", "text": "x"}', '{"id": "a", "text": "y"}'], "'a' is already on line 1"),
+    ):
+        documents.write_text("\n".join(lines) + "\n")
+        assert main([*arguments, "--output", str(tmp_path / "out.jsonl")]) == 2
+        assert message in capsys.readouterr().err
+    folder = tmp_path / "schemas"
+    folder.mkdir()
+    (folder / "bad.json").write_text("{not json")
+    documents.write_text('{"id": "a", "text": "x", "schema": "bad.json"}\n')
+    folder_arguments = ["extract", "--schema", str(folder), "--input", str(documents)]
+    assert main([*folder_arguments, "--output", str(tmp_path / "out.jsonl")]) == 2
+    assert "bad.json (line 1 of the input)" in capsys.readouterr().err
+    assert not (tmp_path / "out.jsonl").read_text()  # nothing written for a bad schema

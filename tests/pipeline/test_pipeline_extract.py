@@ -120,7 +120,8 @@ def test_json_the_budget_closed_is_a_cut_off_not_an_answer(llama_backend: Any) -
     result = extract("Ada and Grace wrote it.", names, engine, max_tokens=40, verbatim=False)
     assert isinstance(result, Extraction) and result.value == {"names": ["Ada", "Grace"]}
     first = result.attempts[0]
-    assert first.outcome == "truncated" and json.loads(first.text)["names"][:2] == ["Ada", "Ada"]
+    assert first.outcome == "truncated" and first.finish_reason == "length"
+    assert json.loads(first.text)["names"][:2] == ["Ada", "Ada"]
     assert "written to close the JSON" in first.errors[0]
     assert [attempt.max_tokens for attempt in result.attempts] == [40, 80]
 

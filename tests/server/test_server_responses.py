@@ -59,6 +59,7 @@ def test_json_schema_format_validates(client: Any, model: str) -> None:
             "format": {"type": "json_schema", "name": "person", "schema": PERSON, "strict": True}
         },
         max_output_tokens=40,
+        temperature=0,
     )
     assert response.status == "completed"
     message = response.output[0]
@@ -69,7 +70,11 @@ def test_json_schema_format_validates(client: Any, model: str) -> None:
 
 def test_parse_with_a_pydantic_model(client: Any, model: str) -> None:
     response = client.responses.parse(
-        model=model, input="Invent a person.", text_format=Person, max_output_tokens=40
+        model=model,
+        input="Invent a person.",
+        text_format=Person,
+        max_output_tokens=40,
+        temperature=0,
     )
     assert isinstance(response.output_parsed, Person)
 
@@ -92,7 +97,7 @@ def test_a_required_tool_call_and_its_output_round_trip(client: Any, model: str)
     question = "What is the weather in Paris?"
     response = client.responses.create(
         model=model, input=question, tools=[WEATHER], tool_choice="required",
-        max_output_tokens=60,
+        max_output_tokens=60, temperature=0,  # sampled, the budget may close it: incomplete
     )  # fmt: skip
     assert response.status == "completed"
     calls = [item for item in response.output if item.type == "function_call"]
@@ -118,7 +123,11 @@ def test_a_required_tool_call_and_its_output_round_trip(client: Any, model: str)
 
 def test_streamed_events_rebuild_the_final_response(client: Any, model: str) -> None:
     with client.responses.stream(
-        model=model, input="Invent a person.", text_format=Person, max_output_tokens=40
+        model=model,
+        input="Invent a person.",
+        text_format=Person,
+        max_output_tokens=40,
+        temperature=0,
     ) as stream:
         events = list(stream)
         final = stream.get_final_response()
@@ -136,6 +145,7 @@ def test_a_named_tool_streams_its_arguments(client: Any, model: str) -> None:
     with client.responses.stream(
         model=model, input="Weather in Oslo?", tools=[WEATHER],
         tool_choice={"type": "function", "name": "get_weather"}, max_output_tokens=40,
+        temperature=0,
     ) as stream:  # fmt: skip
         events = list(stream)
         final = stream.get_final_response()

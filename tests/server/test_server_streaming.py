@@ -155,6 +155,7 @@ def test_a_named_tool_call_streams_its_arguments(client: Any, model: str) -> Non
         tools=[WEATHER_TOOL],
         tool_choice={"type": "function", "function": {"name": "get_weather"}},
         max_tokens=40,
+        temperature=0,
         stream=True,
     )
     deltas, finishes = tool_call_deltas(stream)

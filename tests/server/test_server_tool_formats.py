@@ -142,7 +142,7 @@ def test_the_real_model_calls_a_required_tool_in_hermes_tags(
 ) -> None:
     response = hermes_client.chat.completions.create(
         model=model, messages=ask("What's the weather in Paris?"), tools=[WEATHER_TOOL],
-        tool_choice="required", temperature=0, max_tokens=120,
+        tool_choice="required", temperature=0, max_tokens=400,
     )  # fmt: skip
     choice = response.choices[0]
     assert choice.finish_reason == "tool_calls", choice

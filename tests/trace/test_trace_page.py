@@ -18,6 +18,7 @@ sync_api = pytest.importorskip(
     "playwright.sync_api", reason="needs the test extra: pip install -e '.[test]'"
 )
 
+from formline.cli.main import main  # noqa: E402
 from formline.trace import load_trace_backend, record_trace, write_trace_html  # noqa: E402
 
 CHROMIUM = (
@@ -257,3 +258,14 @@ def test_cli_writes_the_page(tmp_path: Path) -> None:
     done = subprocess.run(command, capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr
     assert out.read_text(encoding="utf-8").count('id="trace-data"') == 1
+    names = sorted(path.name for path in tmp_path.iterdir())
+    assert names == ["schema.json", "t.html"]  # the temporary file renamed, none left
+
+
+def test_cli_refuses_an_out_folder_before_recording(tmp_path: Path, capsys: Any) -> None:
+    schema = tmp_path / "schema.json"
+    schema.write_text(json.dumps(SCHEMA), encoding="utf-8")
+    missing = tmp_path / "no" / "such" / "t.html"
+    arguments = ["trace", "--schema", str(schema), PROMPT, "--out", str(missing)]
+    assert main(arguments) == 2  # in the time of a check: no model loaded, nothing recorded
+    assert f"--out {missing}" in capsys.readouterr().err

@@ -18,6 +18,7 @@ from typing import Any
 from tqdm import tqdm
 
 from formline.constraint import Choice, Regex
+from formline.jsonl import mend_torn_end, read_numbered
 from formline.pipeline.extract import Failed, extract
 from formline.pipeline.generate import (
     DEFAULT_DESCRIBE,
@@ -102,20 +103,23 @@ def _backend(arguments: argparse.Namespace) -> Any:
 
 def _generate(arguments: argparse.Namespace, prompt: str, output: Any, backend: Any) -> Any:
     return generate(
-        prompt,
-        output,
-        backend,
-        temperature=arguments.temperature,
-        top_p=arguments.top_p,
-        seed=arguments.seed,
-        max_tokens=arguments.max_tokens,
-        describe_schema=_describe(arguments),
-        free=arguments.free,
-        whitespace=None if arguments.whitespace < 0 else arguments.whitespace,
-        numbers=arguments.numbers,
-        think=arguments.think,
-        verbatim=arguments.verbatim,
+        prompt, output, backend, max_tokens=arguments.max_tokens, **_sampling(arguments)
     )
+
+
+def _sampling(arguments: argparse.Namespace) -> dict[str, Any]:
+    """The model flags as :func:`formline.generate`'s options (``extract`` passes them on)."""
+    return {
+        "temperature": arguments.temperature,
+        "top_p": arguments.top_p,
+        "seed": arguments.seed,
+        "describe_schema": _describe(arguments),
+        "free": arguments.free,
+        "whitespace": None if arguments.whitespace < 0 else arguments.whitespace,
+        "numbers": arguments.numbers,
+        "think": arguments.think,
+        "verbatim": arguments.verbatim,
+    }
 
 
 def _describe(arguments: argparse.Namespace) -> bool | str:
@@ -146,21 +150,80 @@ def run_generate(arguments: argparse.Namespace) -> int:
 
 
 def run_extract(arguments: argparse.Namespace) -> int:
-    """One JSON line per input line; lines whose id is already in the output are skipped,
-    so an interrupted run resumes where it stopped."""
-    rows = _read_jsonl(Path(arguments.input))
+    """One JSON line per input line; lines already in the output (by id, or by line number
+    for a row without one, and schema) are skipped, so an interrupted run resumes where it
+    stopped.
+
+    Raises:
+        ValueError: an input line is not a JSON object with a string ``text`` (and, with
+            ``--schema DIR``, a ``schema``), or two lines share an id and schema.
+    """
+    input_path = Path(arguments.input)
+    rows = _input_rows(input_path, Path(arguments.schema).is_dir())
     output_path = Path(arguments.output)
-    done = {row.get("id") for row in _read_jsonl(output_path)} if output_path.exists() else set()
-    pending = [row for row in rows if row.get("id") not in done]
+    done = {_key(record) for record in _finished_records(output_path)}
+    pending = [row for row in rows if _key(row) not in done]
     backend = _backend(arguments)
     schemas: dict[str, Any] = {}
     with output_path.open("a", encoding="utf-8") as sink:
         for row in tqdm(pending, desc="extract", unit="doc", file=sys.stderr, disable=None):
             schema = _row_schema(arguments, row, schemas)
-            sink.write(json.dumps(_extract_row(arguments, row, schema, backend)) + "\n")
+            record = _extract_row(arguments, row, schema, backend)
+            record.update(
+                line=row["line"], **({"schema": row["schema"]} if "schema" in row else {})
+            )
+            sink.write(json.dumps(record) + "\n")
             sink.flush()
-    print(f"formline: {len(pending)} written, {len(done)} already there", file=sys.stderr)
+    already = len(rows) - len(pending)
+    print(f"formline: {len(pending)} written, {already} already there", file=sys.stderr)
     return 0
+
+
+def _finished_records(path: Path) -> list[Any]:
+    """The records an earlier run wrote to ``path`` (none if it does not exist), its torn
+    last line cut off with a word on stderr (:func:`formline.jsonl.mend_torn_end`).
+
+    Raises:
+        ValueError: ``path:line`` of another line that is not JSON.
+    """
+    if not path.exists():
+        return []
+    cut = mend_torn_end(path)
+    if cut:
+        print(f"formline: {path}: dropped a torn last line ({cut} bytes)", file=sys.stderr)
+    return _read_jsonl(path)
+
+
+def _input_rows(path: Path, needs_schema: bool) -> list[dict[str, Any]]:
+    """The input's rows, each with its ``line`` number, checked before the model loads.
+
+    Raises:
+        ValueError: naming the file and line of a row that is not an object, has no string
+            ``text`` (or, when ``needs_schema``, no ``schema``), or repeats another's key.
+    """
+    rows: list[dict[str, Any]] = []
+    seen: dict[tuple[str, Any], int] = {}
+    for number, row in read_numbered(path):
+        where = f"{path}:{number}"
+        if not isinstance(row, dict):
+            raise ValueError(f"{where}: a line must be a JSON object, not {type(row).__name__}")
+        if not isinstance(row.get("text"), str):
+            raise ValueError(f'{where}: no "text" string')
+        if needs_schema and not isinstance(row.get("schema"), str):
+            raise ValueError(f'{where}: no "schema" (a file name in the --schema folder)')
+        row = {**row, "line": number}
+        key = _key(row)
+        if key in seen:
+            raise ValueError(f"{where}: id {row.get('id')!r} is already on line {seen[key]}")
+        seen[key] = number
+        rows.append(row)
+    return rows
+
+
+def _key(row: dict[str, Any]) -> tuple[str, Any]:
+    """What identifies a row (and its output record): its id, else its line; and schema."""
+    identity = row.get("id")
+    return (f"line {row.get('line')}" if identity is None else repr(identity), row.get("schema"))
 
 
 def _row_schema(arguments: argparse.Namespace, row: dict[str, Any], cache: dict[str, Any]) -> Any:
@@ -170,14 +233,17 @@ def _row_schema(arguments: argparse.Namespace, row: dict[str, Any], cache: dict[
         path = path / str(row["schema"])
     key = str(path)
     if key not in cache:
-        cache[key] = schema_of(path.read_text(encoding="utf-8"))
+        try:
+            cache[key] = schema_of(path.read_text(encoding="utf-8"))
+        except ValueError as error:  # SchemaError included: say which file, and for whom
+            raise ValueError(f"{path} (line {row['line']} of the input): {error}") from error
     return cache[key]
 
 
 def _extract_row(
     arguments: argparse.Namespace, row: dict[str, Any], schema: Any, backend: Any
 ) -> dict[str, Any]:
-    if arguments.repair > 1:
+    if arguments.repair > 1 or arguments.ground:  # grounding is the loop's check
         return _repair_row(arguments, row, schema, backend)
     prompt = f"{row['instruction']}\n\n{row['text']}" if row.get("instruction") else row["text"]
     started = time.perf_counter()
@@ -199,7 +265,8 @@ def _extract_row(
 def _repair_row(
     arguments: argparse.Namespace, row: dict[str, Any], schema: Any, backend: Any
 ) -> dict[str, Any]:
-    """One row through :func:`formline.extract` (the repair loop, ``--repair`` attempts)."""
+    """One row through :func:`formline.extract` (the repair loop, ``--repair`` attempts, with
+    ``--ground`` even for one), with every model flag."""
     outcome = extract(
         row["text"],
         schema,
@@ -208,9 +275,7 @@ def _repair_row(
         ground=arguments.ground,
         max_attempts=arguments.repair,
         max_tokens=arguments.max_tokens,
-        temperature=arguments.temperature,
-        seed=arguments.seed,
-        verbatim=arguments.verbatim,
+        **_sampling(arguments),
     )
     last = outcome.attempts[-1]
     return {
@@ -226,16 +291,8 @@ def _repair_row(
     }
 
 
-def _read_jsonl(path: Path) -> list[dict[str, Any]]:
-    rows = []
-    for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
-        if not line.strip():
-            continue
-        try:
-            rows.append(json.loads(line))
-        except json.JSONDecodeError as error:
-            raise ValueError(f"{path}:{number}: not a JSON line ({error.msg})") from error
-    return rows
+def _read_jsonl(path: Path) -> list[Any]:
+    return [row for _, row in read_numbered(path)]
 
 
 def register(commands: Any) -> None:
@@ -252,7 +309,7 @@ def register(commands: Any) -> None:
     extract.add_argument("--output", required=True, help="JSONL, appended to (resumable)")
     extract.add_argument(
         "--repair", type=int, default=1, help="attempts of the repair loop (1: no repair)"
-    )
+    )  # with --ground, one attempt still runs the loop: it is what checks the values
     extract.add_argument("--ground", action="store_true", help="check values against the text")
     add_model_arguments(extract)
     extract.add_argument(

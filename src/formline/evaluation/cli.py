@@ -103,7 +103,8 @@ def _run(arguments: argparse.Namespace, out: Path) -> dict[str, Any]:
     progress = not arguments.no_progress
     out.mkdir(parents=True, exist_ok=True)
     records_path = out / RECORDS_FILE
-    records = run_all(tasks, variants, backend, arguments.max_tokens, progress, records_path)
+    model = f"{arguments.model or EMBEDDED_MODEL} on {arguments.backend}"
+    records = run_all(tasks, variants, backend, arguments.max_tokens, progress, records_path, model)
     summaries = {
         name: {**summarize_variant(tasks, found), **compiles[name]}
         for name, found in records.items()

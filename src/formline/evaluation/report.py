@@ -84,6 +84,7 @@ COST_ROWS: list[Row] = [
     ("compile, memory hit", lambda s: _ms(s.get("compile_cached_seconds")), _number(3, " ms")),
     ("forward passes saved (jump-forward)", _saved, lambda v: "n/a" if v is None else v),
     ("repair attempts per task", lambda s: s.get("attempts_per_task"), _number(2)),
+    ("repair ended in Failed, no value (tasks)", lambda s: s.get("failed"), _number(0)),
 ]
 
 
@@ -136,8 +137,10 @@ def markdown(results: dict[str, Any]) -> str:
         "`formline.evaluation.scoring`). Latency per token (wall): task wall time over "
         "completion tokens, prompt pass included; forward + mask: the decoding loop's own "
         "timings (ms). Repair: tokens and time summed over attempts; its loop does not report "
-        "forward and mask times. Compile: mean per schema, cold with the caches off "
-        "(vocabulary token index included), memory hit the same compile again.\n"
+        "forward and mask times; a task it ends in `Failed` (no value for the caller) is "
+        "scored as no answer, whatever its last rejected output held. Compile: mean per "
+        "schema, cold with the caches off (vocabulary token index included), memory hit the "
+        "same compile again.\n"
     )
     return header + markdown_table(results) + notes
 

@@ -10,10 +10,12 @@ into the rows of the results table.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import statistics
 import time
 from collections.abc import Iterable
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
@@ -21,10 +23,17 @@ from jsonschema import Draft202012Validator
 from tqdm import tqdm
 
 from formline.evaluation.confidence import confidence_aurocs, field_signals
-from formline.evaluation.scoring import field_value, parse_output, score_task, summarize
+from formline.evaluation.scoring import (
+    field_value,
+    parse_output,
+    score_task,
+    summarize,
+    task_types,
+)
 from formline.evaluation.variants import Variant
+from formline.jsonl import mend_torn_end, read_numbered
 from formline.mask.compiler import clear_memory_cache
-from formline.pipeline.extract import extract
+from formline.pipeline.extract import Failed, extract
 from formline.pipeline.generate import generate
 from formline.pipeline.tolerance import coerce_numbers
 from formline.schema import compile_schema
@@ -36,15 +45,22 @@ PREDICTION_KEYS = (
 RECORDS_FILE = "records.jsonl"  # every record as it is made: a rerun resumes from it
 
 
+TASK_KEYS = ("id", "type", "schema", "instruction", "text", "gold")
+
+
 def load_tasks(path: str | Path, limit: int | None = None) -> list[dict[str, Any]]:
     """The tasks of a JSON Lines file, each with its schema loaded as ``schema_json`` from
     ``schemas/<schema>`` next to the file. ``limit`` keeps the first N tasks of each type.
+    Every task is checked here, before a model loads.
 
-    Raises OSError for a missing file and ValueError for a line that is not JSON.
+    Raises:
+        OSError: the file is missing.
+        ValueError: naming the file and line (or the schema file) of a line that is not a
+            JSON object, lacks one of :data:`TASK_KEYS`, has a type the scoring rules do not
+            know, or names a schema that is missing or not JSON.
     """
     path = Path(path)
-    lines = path.read_text(encoding="utf-8").splitlines()
-    tasks = [json.loads(line) for line in lines if line.strip()]
+    tasks = [_checked_task(path, number, task) for number, task in read_numbered(path)]
     if limit is not None:
         seen: dict[str, int] = {}
         kept = []
@@ -57,9 +73,31 @@ def load_tasks(path: str | Path, limit: int | None = None) -> list[dict[str, Any
     for task in tasks:
         name = task["schema"]
         if name not in schemas:
-            schemas[name] = json.loads((path.parent / "schemas" / name).read_text("utf-8"))
+            schemas[name] = _task_schema(path.parent / "schemas" / name, task["id"])
         task["schema_json"] = schemas[name]
     return tasks
+
+
+def _checked_task(path: Path, number: int, task: Any) -> dict[str, Any]:
+    where = f"{path}:{number}"
+    if not isinstance(task, dict):
+        raise ValueError(f"{where}: a task must be a JSON object")
+    missing = [key for key in TASK_KEYS if key not in task]
+    if missing:
+        raise ValueError(f"{where}: the task has no {', '.join(missing)}")
+    if task["type"] not in task_types():
+        known = ", ".join(sorted(task_types()))
+        raise ValueError(f"{where}: no scoring rules for type {task['type']!r} (known: {known})")
+    return task
+
+
+def _task_schema(path: Path, task_id: Any) -> Any:
+    try:
+        return json.loads(path.read_text("utf-8"))
+    except OSError as error:
+        raise ValueError(f"task {task_id!r}: cannot read its schema {path}: {error}") from error
+    except ValueError as error:
+        raise ValueError(f"task {task_id!r}: its schema {path} is not JSON: {error}") from error
 
 
 def is_valid(schema: dict[str, Any], value: Any) -> bool:
@@ -82,12 +120,12 @@ def run_task(
         record = _run_generate(task, variant, decoding, backend, max_tokens)
     record["seconds"] = time.perf_counter() - started
     parsed, strict, lenient = parse_output(record["output"])
-    value = variant.finish(parsed, schema) if lenient else None
+    value = variant.finish(parsed, schema) if lenient and not record.get("failed") else None
     if lenient and variant.numbers == "tolerant":
         value, _ = coerce_numbers(value, schema)
     record.update(id=task["id"], variant=variant.name, value=value, max_tokens=max_tokens)
     record.update(strict=strict, lenient=lenient)
-    record["valid"] = lenient and is_valid(schema, value)
+    record["valid"] = lenient and value is not None and is_valid(schema, value)
     record["scores"] = score_task(task, value)
     pressure = record.pop("pressure", None)
     if pressure:
@@ -145,6 +183,9 @@ def _run_repair(
         "finish_reason": last.finish_reason,
         "tokens": sum(attempt.completion_tokens for attempt in outcome.attempts),
         "attempts": len(outcome.attempts),
+        # A Failed gives its caller no value: scored as none (every field wrong, not valid),
+        # whatever its last rejected text holds.
+        "failed": outcome.reason if isinstance(outcome, Failed) else None,
     }
 
 
@@ -219,6 +260,7 @@ def summarize_variant(tasks: list[dict[str, Any]], records: list[dict[str, Any]]
         summary["confidence_auroc"] = confidence_aurocs(records)
     if any("attempts" in record for record in records):
         summary["attempts_per_task"] = _ratio(sum(r["attempts"] for r in records), len(records))
+        summary["failed"] = sum(bool(record.get("failed")) for record in records)
     return summary
 
 
@@ -242,6 +284,16 @@ def load_records(path: Path | None) -> dict[tuple[str, str], dict[str, Any]]:
     return found
 
 
+def run_setting(model: str, task: dict[str, Any], variant: Variant, max_tokens: int) -> str:
+    """A digest of what a record depends on: a record made with another model, budget,
+    variant definition or task text, gold or schema is not reused (a resumed run over an
+    ``--out`` folder of another run decodes again). Costs one JSON dump of the task."""
+    made_of = {"model": model, "max_tokens": max_tokens, "variant": asdict(variant)}
+    made_of["task"] = task
+    text = json.dumps(made_of, sort_keys=True, ensure_ascii=False, default=str)
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
 def run_all(
     tasks: list[dict[str, Any]],
     variants: list[Variant],
@@ -249,11 +301,16 @@ def run_all(
     max_tokens: int,
     progress: bool = True,
     records_path: Path | None = None,
+    model: str = "",
 ) -> dict[str, list[dict[str, Any]]]:
     """Every task under every variant, task by task (a tqdm bar over task x variant).
     With ``records_path`` each record is appended there as it is made, and the records
-    already there are reused (a rerun resumes). Returns variant name -> records in task
-    order."""
+    already there are reused (a rerun resumes) when they were made in the same setting:
+    ``model`` (the model and backend, as the caller names them), ``max_tokens``, the
+    variant's definition and the task's text, gold and schema. Returns variant name ->
+    records in task order."""
+    if records_path is not None:
+        mend_torn_end(records_path)  # else the next record is glued to a torn line, and lost
     done = load_records(records_path)
     records: dict[str, list[dict[str, Any]]] = {variant.name: [] for variant in variants}
     bar = tqdm(total=len(tasks) * len(variants), disable=not progress, unit="run")
@@ -263,8 +320,10 @@ def run_all(
             for variant in variants:
                 bar.set_postfix_str(f"{task['id']} {variant.name}", refresh=False)
                 record = done.get((task["id"], variant.name))
-                if record is None or record.get("max_tokens") != max_tokens:
+                setting = run_setting(model, task, variant, max_tokens)
+                if record is None or record.get("setting") != setting:
                     record = run_task(task, variant, backend, max_tokens)
+                    record["setting"] = setting
                     if sink is not None:
                         sink.write(json.dumps(record, ensure_ascii=False, default=str) + "\n")
                         sink.flush()

@@ -176,6 +176,11 @@ _RULES: dict[str, dict[str, Rule]] = {
 SCORED_FIELDS: dict[str, list[str]] = {kind: list(rules) for kind, rules in _RULES.items()}
 
 
+def task_types() -> frozenset[str]:
+    """The task types this module scores (a task set of other types cannot be scored)."""
+    return frozenset(_RULES)
+
+
 def _lookup(value: Any, path: str) -> Any:
     """The value at a dotted path, or ``_MISSING`` when a step is absent or not an object."""
     for key in path.split("."):

@@ -326,6 +326,7 @@ def _attempt(
     tokens = result.usage["prompt_tokens"] + completion_tokens
     value, errors, outcome = None, [], ACCEPTED
     closing = result.usage.get("closing_tokens", 0)
+    finish = "length" if closing else result.finish_reason  # as the server reports it
     if result.finish_reason == "length":
         errors = [f"cut off at max_tokens={budget} before the JSON was complete"]
         outcome = TRUNCATED
@@ -343,7 +344,7 @@ def _attempt(
     seconds = time.perf_counter() - started
     attempt = Attempt(
         result.text,
-        result.finish_reason,
+        finish,
         errors,
         tokens,
         seconds,

@@ -206,6 +206,8 @@ class Engine:
     def _count(self, generation: Generation) -> None:
         with self.lock_stats:
             reason = generation.finish_reason
+            if reason == "stop" and generation.closing_tokens:
+                reason = "length"  # as read_choice reports it
             self.stats[reason] = self.stats.get(reason, 0) + 1
             self.stats["tokens"] += generation.completion_tokens
 
@@ -273,18 +275,28 @@ class _OpensOnStart(StepListener):
 def read_choice(generation: Generation, plan: Plan) -> ChoiceOutput:
     """The choice a generation makes under ``plan``: its content or tool call, the after-check.
 
-    A cut-off output (``length``; ``cancelled``, and JSON whose end the budget's closing
-    policy wrote, reported as ``length``) is returned as text, never as a tool call or
-    checked value. A JSON array under ``tools`` is several calls.
-    A JSON answer that is not JSON or fails the after-check (see the module's doc) has
-    finish_reason :data:`INVALID_FINISH` and its findings in ``errors``.
+    A cut-off output (``length``, or ``cancelled`` reported as ``length``) is returned as
+    text, never as a tool call or checked value. An output whose end the budget's closing
+    policy wrote is complete (it parses, as a call too) but says ``length``: its last values
+    are the grammar's shortest, not the model's, and a stream has sent its call already.
+    A JSON array under ``tools`` is several calls. A JSON answer that is not JSON or fails
+    the after-check (see the module's doc) has finish_reason :data:`INVALID_FINISH` and its
+    findings in ``errors``.
     """
     text, finish = generation.text, generation.finish_reason
-    # Closed by the budget, the JSON parses, but its last values are the shortest the grammar
-    # allows, not the model's: as a tool call, they would be arguments nobody chose.
-    if finish == "cancelled" or generation.closing_tokens:
+    if finish == "cancelled":
         finish = "length"
-    if finish == "length" or not plan.is_json:
+    if finish == "length":
+        return ChoiceOutput(text, finish)
+    choice = _read_answer(text, finish, plan)
+    if generation.closing_tokens and choice.finish_reason != INVALID_FINISH:
+        return replace(choice, finish_reason="length")
+    return choice
+
+
+def _read_answer(text: str, finish: str, plan: Plan) -> ChoiceOutput:
+    """A complete output's content or calls, checked (:func:`read_choice`)."""
+    if not plan.is_json:
         return ChoiceOutput(text, finish)
     if plan.mode == "tool_auto" and not text.startswith(("{", "[")):
         return ChoiceOutput(text, finish)

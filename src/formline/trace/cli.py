@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 from pathlib import Path
 from typing import Any
 
@@ -12,9 +13,18 @@ from formline.trace.recorder import load_trace_backend, record_trace
 
 
 def run_trace(arguments: argparse.Namespace) -> int:
+    """Record the trace and write its page.
+
+    Raises:
+        ValueError: the schema is a boolean one, or ``--out``'s folder is missing or not
+            writable (checked before the model loads and the minutes of recording).
+    """
     schema = schema_of(Path(arguments.schema).read_text(encoding="utf-8"))
     if not isinstance(schema, dict):
         raise ValueError("formline trace needs an object JSON Schema, not a boolean schema")
+    folder = Path(arguments.out).resolve().parent
+    if not folder.is_dir() or not os.access(folder, os.W_OK):
+        raise ValueError(f"--out {arguments.out}: {folder} is not a folder this user can write")
     backend = load_trace_backend(arguments.model, n_threads=arguments.threads)
     trace = record_trace(
         schema,

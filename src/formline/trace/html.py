@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import importlib.resources
 import json
+import os
 from pathlib import Path
 from typing import Any
 
@@ -28,7 +29,14 @@ def render_trace_html(trace: dict[str, Any]) -> str:
 
 
 def write_trace_html(trace: dict[str, Any], path: str | Path) -> Path:
-    """Write the page for ``trace`` to ``path`` and return the path."""
+    """Write the page for ``trace`` to ``path`` and return the path: whole or not at all (a
+    temporary file beside it, renamed), so a failed write leaves an earlier page as it was.
+
+    Raises:
+        OSError: the folder cannot be written.
+    """
     target = Path(path)
-    target.write_text(render_trace_html(trace), encoding="utf-8")
+    partial = target.with_name(f".{target.name}.partial")
+    partial.write_text(render_trace_html(trace), encoding="utf-8")
+    os.replace(partial, target)
     return target
