@@ -17,8 +17,22 @@ def read_numbered(path: Path) -> list[tuple[int, Any]]:
         ValueError: ``path:line`` of a line that is not JSON.
     Costs one read of the file.
     """
+    return read_numbered_text(path, path.read_bytes())
+
+
+def read_numbered_text(path: Path, data: bytes) -> list[tuple[int, Any]]:
+    """:func:`read_numbered` of ``data``, the bytes of ``path`` (named in errors).
+
+    Raises:
+        ValueError: ``path:line`` of a line that is not JSON (or not UTF-8).
+    """
     rows = []
-    for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as error:
+        raise ValueError(f"{path}: not UTF-8 text ({error.reason})") from error
+    # Split on newlines only: str.splitlines also splits at U+2028 inside a JSON string.
+    for number, line in enumerate(text.split("\n"), 1):
         if not line.strip():
             continue
         try:
@@ -35,6 +49,8 @@ def mend_torn_end(path: Path) -> int:
 
     Raises:
         OSError: ``path`` cannot be read or written.
+        ValueError: a line before the torn one is not JSON (the file is no JSON Lines file:
+            nothing is cut).
     Costs one read of the file.
     """
     if not path.exists():
@@ -47,6 +63,7 @@ def mend_torn_end(path: Path) -> int:
     try:
         json.loads(torn)
     except ValueError:
+        read_numbered_text(path, data[:end])  # not JSON Lines at all: raise, cut nothing
         with path.open("r+b") as handle:
             handle.truncate(end)
         return len(torn)

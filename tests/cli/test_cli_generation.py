@@ -86,11 +86,13 @@ def test_extract_resumes_rows_without_ids_past_a_torn_line(tmp_path: Path, capsy
     rows = ["Lagos resident Chiamaka Eze turned 29.", "Mateus Carvalho, 34, lives in Porto Alegre."]
     documents, output = tmp_path / "docs.jsonl", tmp_path / "out.jsonl"
     arguments = ["extract", "--schema", str(PERSON), "--input", str(documents)]
-    documents.write_text(json.dumps({"text": rows[0]}) + "\n")
+    # A "schema" field that is no file name is ignored with --schema FILE (not hashed).
+    documents.write_text(json.dumps({"text": rows[0], "schema": {"x": 1}}) + "\n")
     assert main([*arguments, "--output", str(output)]) == 0
     with output.open("a") as sink:
         sink.write('{"id": null, "value": {"na')  # a run killed while writing line 2
-    documents.write_text("".join(json.dumps({"text": text}) + "\n" for text in rows))
+    lines = [json.dumps({"text": text, "schema": {"x": 1}}) + "\n" for text in rows]
+    documents.write_text("".join(lines))
     assert main([*arguments, "--output", str(output)]) == 0  # line 2 has no id: keyed by line
     err = capsys.readouterr().err
     assert "dropped a torn last line" in err and "1 written, 1 already there" in err
@@ -118,4 +120,4 @@ def test_extract_names_a_bad_input_line_before_loading_the_model(
     folder_arguments = ["extract", "--schema", str(folder), "--input", str(documents)]
     assert main([*folder_arguments, "--output", str(tmp_path / "out.jsonl")]) == 2
     assert "bad.json (line 1 of the input)" in capsys.readouterr().err
-    assert not (tmp_path / "out.jsonl").read_text()  # nothing written for a bad schema
+    assert not (tmp_path / "out.jsonl").exists()  # named before the model loads: no output

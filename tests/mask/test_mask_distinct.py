@@ -121,6 +121,14 @@ def test_once_every_choice_is_written_the_array_can_only_end(smollm2_vocab: Any)
     assert narrowed == scanning_every_allowed_token(matcher, size)
 
 
+def test_a_choice_listed_twice_is_written_once(smollm2_vocab: Any) -> None:
+    schema = parties_schema({"type": "string", "enum": ["Ann", "Ann", "Bo"]})
+    matcher = matcher_for(smollm2_vocab, schema)
+    feed(matcher, smollm2_vocab, '{"parties":["Ann","Bo"')
+    narrowed = allowed(matcher, smollm2_vocab.size)
+    assert not any(b"," in piece for piece in pieces_of(smollm2_vocab, narrowed))
+
+
 def test_choices_written_while_min_items_asks_for_more_keep_the_grammar_mask(
     smollm2_vocab: Any,
 ) -> None:
@@ -134,7 +142,8 @@ def test_choices_written_while_min_items_asks_for_more_keep_the_grammar_mask(
 
 def test_an_array_sharing_its_path_with_other_items_keeps_no_enum() -> None:
     closed = {"type": "array", "items": {"type": "string", "enum": ["a", "b"]}}
-    for other in ({"type": "array", "items": {}}, {"type": "array", "prefixItems": [{}]}):
+    others = ({"type": "array", "items": {}}, {"type": "array", "prefixItems": [{}]})
+    for other in (*others, {"type": "array"}):  # no items: anything
         schema = {"type": "object", "properties": {"tags": {"anyOf": [closed, other]}}}
         assert distinct_arrays(schema) == {("tags",): None}  # ',"c"' and ',3' stay open
     assert distinct_arrays({"properties": {"tags": closed}}) == {("tags",): ["a", "b"]}

@@ -37,6 +37,14 @@ def test_nullable_admits_null_in_the_grammar_and_the_after_check_alike() -> None
     assert check.check({"a": "x", "b": None}) != []
     enum = {"type": "string", "enum": ["a"], "nullable": True}  # OpenAPI 3.0.3: type only
     assert not accepts(enum, b"null") and SchemaCheck(enum).check(None) != []
+    # FastAPI's form: the $ref's own "type": "object" sits inside the allOf.
+    shared = {
+        "$defs": {"X": {"type": "object", "properties": {"a": {"type": "integer"}}}},
+        "type": "object",
+        "properties": {"x": {"allOf": [{"$ref": "#/$defs/X"}], "nullable": True}},
+    }
+    assert accepts(shared, b'{"x":null}') and SchemaCheck(shared).check({"x": None}) == []
+    assert SchemaCheck(shared).check({"x": 3}) != []
 
 
 def test_min_properties_met_by_extra_members_is_checked_after() -> None:
@@ -76,6 +84,7 @@ def test_a_tag_makes_one_of_exclusive_only_among_objects() -> None:
     assert "oneOf" in checked_after({"oneOf": tagged})  # "x" matches both branches
     objects = [{"type": "object", **branch} for branch in tagged]
     assert "oneOf" not in checked_after({"oneOf": objects})
+    assert "oneOf" not in checked_after({"type": "object", "oneOf": tagged})  # typed beside
 
 
 def test_property_names_beside_patterns_is_on_the_report() -> None:

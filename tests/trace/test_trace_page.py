@@ -265,7 +265,7 @@ def test_cli_writes_the_page(tmp_path: Path) -> None:
 def test_cli_refuses_an_out_folder_before_recording(tmp_path: Path, capsys: Any) -> None:
     schema = tmp_path / "schema.json"
     schema.write_text(json.dumps(SCHEMA), encoding="utf-8")
-    missing = tmp_path / "no" / "such" / "t.html"
-    arguments = ["trace", "--schema", str(schema), PROMPT, "--out", str(missing)]
-    assert main(arguments) == 2  # in the time of a check: no model loaded, nothing recorded
-    assert f"--out {missing}" in capsys.readouterr().err
+    for out in (tmp_path / "no" / "such" / "t.html", tmp_path):  # a missing folder, a folder
+        arguments = ["trace", "--schema", str(schema), PROMPT, "--out", str(out)]
+        assert main(arguments) == 2  # in the time of a check: no model loaded, no recording
+        assert f"--out {out}" in capsys.readouterr().err

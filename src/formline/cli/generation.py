@@ -163,8 +163,10 @@ def run_extract(arguments: argparse.Namespace) -> int:
     output_path = Path(arguments.output)
     done = {_key(record) for record in _finished_records(output_path)}
     pending = [row for row in rows if _key(row) not in done]
-    backend = _backend(arguments)
     schemas: dict[str, Any] = {}
+    for row in pending:  # every schema read and checked before the model loads
+        _row_schema(arguments, row, schemas)
+    backend = _backend(arguments)
     with output_path.open("a", encoding="utf-8") as sink:
         for row in tqdm(pending, desc="extract", unit="doc", file=sys.stderr, disable=None):
             schema = _row_schema(arguments, row, schemas)
@@ -222,8 +224,11 @@ def _input_rows(path: Path, needs_schema: bool) -> list[dict[str, Any]]:
 
 def _key(row: dict[str, Any]) -> tuple[str, Any]:
     """What identifies a row (and its output record): its id, else its line; and schema."""
-    identity = row.get("id")
-    return (f"line {row.get('line')}" if identity is None else repr(identity), row.get("schema"))
+    identity, schema = row.get("id"), row.get("schema")
+    # Only a file name is a schema (--schema DIR): another value there is ignored, and may
+    # not hash (an object).
+    schema = schema if isinstance(schema, str) else None
+    return (f"line {row.get('line')}" if identity is None else repr(identity), schema)
 
 
 def _row_schema(arguments: argparse.Namespace, row: dict[str, Any], cache: dict[str, Any]) -> Any:

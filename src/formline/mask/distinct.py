@@ -133,7 +133,7 @@ class DistinctItemsMatcher:
         self.inner = inner
         self.arrays = dict(arrays)
         self._choices = {
-            path: sorted(json.dumps(value, ensure_ascii=False)[1:-1].encode() for value in items)
+            path: sorted({json.dumps(value, ensure_ascii=False)[1:-1].encode() for value in items})
             for path, items in self.arrays.items()
             if items is not None
         }

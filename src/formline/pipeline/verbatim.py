@@ -249,7 +249,7 @@ class _ArrayCollector:
             else:
                 self.mixed.add(path)
             self.visit(items, (*path, "*"))
-        elif items is not None:  # `items: true`: anything
+        elif items is not None or _is_array_schema(node):  # `items: true`, or none: anything
             self.mixed.add(path)
         if "prefixItems" in node:  # its first items follow other schemas
             self.mixed.add(path)
@@ -260,6 +260,11 @@ class _ArrayCollector:
         if path in self.found and self.found[path] != strings:
             strings = None
         self.found[path] = strings
+
+
+def _is_array_schema(node: dict[str, Any]) -> bool:
+    declared = node.get("type")
+    return declared == "array" or (isinstance(declared, list) and "array" in declared)
 
 
 def _is_string_schema(root: dict[str, Any], node: dict[str, Any]) -> bool:

@@ -309,18 +309,28 @@ _NULLABLE_CLASSES: dict[Any, Any] = {}
 
 
 def _with_nullable(cls: Any) -> Any:
-    """``cls`` whose ``type`` also admits ``null`` beside ``"nullable": true`` (OpenAPI
-    3.0's form, which the grammar writes: ``values.typed_value``); ``enum`` and ``const``
-    unchanged, as in OpenAPI 3.0.3. Without it every ``null`` the grammar allowed failed
-    the after-check. Made once per draft."""
+    """``cls`` where a ``null`` beside ``"nullable": true`` (OpenAPI 3.0's form, which the
+    grammar writes: ``values.typed_value``) passes ``type`` and the applicators next to it
+    (``{"allOf": [{"$ref": ...}], "nullable": true}``, FastAPI's form); ``enum`` and
+    ``const`` unchanged, as in OpenAPI 3.0.3. Without it every ``null`` the grammar allowed
+    failed the after-check. Made once per draft. (A ``$ref`` into a resource with its own
+    ``$schema`` is validated by that draft's stock class.)"""
     extended = _NULLABLE_CLASSES.get(cls)
     if extended is None:
-        base_type = cls.VALIDATORS["type"]
-
-        def nullable_type(validator: Any, types: Any, instance: Any, schema: Any) -> Any:
-            if instance is None and schema.get("nullable") is True:
-                return
-            yield from base_type(validator, types, instance, schema)
-
-        extended = _NULLABLE_CLASSES[cls] = extend(cls, {"type": nullable_type})
+        keywords = ("type", "allOf", "anyOf", "oneOf", "$ref")
+        wrapped = {
+            keyword: _passing_null(cls.VALIDATORS[keyword])
+            for keyword in keywords
+            if keyword in cls.VALIDATORS
+        }
+        extended = _NULLABLE_CLASSES[cls] = extend(cls, wrapped)
     return extended
+
+
+def _passing_null(base: Any) -> Any:
+    def validate(validator: Any, value: Any, instance: Any, schema: Any) -> Any:
+        if instance is None and schema.get("nullable") is True:
+            return
+        yield from base(validator, value, instance, schema)
+
+    return validate

@@ -443,7 +443,8 @@ class SchemaCompiler:
             else:
                 combined = branch
             options.append(self.value(combined, branch_pointer, resolver, depth + 1))
-        if keyword == "oneOf" and not _are_disjoint(branches, resolver):
+        parent = type_set(rest, pointer) if "type" in rest else None
+        if keyword == "oneOf" and not _are_disjoint(branches, resolver, parent):
             self.record(
                 "checked_after", "oneOf", pointer, "branches may overlap: exactly-one checked after"
             )
@@ -475,9 +476,11 @@ class SchemaCompiler:
 
 def check_nesting(root: Any, limit: int) -> None:
     """Refuse JSON nested deeper than ``limit`` before anything recurses into it (the
-    ``referencing`` crawl and the compiler recurse per level: 200 levels overflowed), and
+    ``referencing`` crawl and the compiler recurse per level: 200 levels overflowed),
     integers too long to print (Python refuses ``str()`` of more than 4,300 digits, so such
-    a bound used to fail as a bare ``ValueError`` in the cache key). Iterative; O(size).
+    a bound used to fail as a bare ``ValueError`` in the cache key), and numbers that are
+    not JSON (Python reads ``1e999`` as inf and accepts NaN: a ``const`` the grammar wrote
+    as ``Infinity``), wherever they are. Iterative; O(size).
     The JSON pointer of the error is found by a second walk: built for every node, the
     pointers were most of this check's 0.2 ms on a median schema."""
     if not _is_nesting_within(root, limit):
@@ -570,9 +573,10 @@ def _has_constraints(schema: Schema) -> bool:
     return any(key not in ANNOTATIONS for key in schema)
 
 
-def _are_disjoint(branches: list[Any], resolver: Any) -> bool:
+def _are_disjoint(branches: list[Any], resolver: Any, parent: set[str] | None = None) -> bool:
     """Whether oneOf branches provably exclude each other: distinct types, or a common
-    required property with distinct const/enum values (a discriminator)."""
+    required property with distinct const/enum values (a discriminator) where every value
+    is an object (the branches' types or ``parent``, the types beside the oneOf)."""
     objects = []
     for branch in branches:
         if isinstance(branch, dict) and "$ref" in branch:
@@ -597,7 +601,8 @@ def _are_disjoint(branches: list[Any], resolver: Any) -> bool:
             return True
     # A tag tells objects apart only: a branch that admits a string admits it as the others
     # do ("x" matched both branches of a tagged oneOf without "type": "object").
-    return all(found == {"object"} for found in types) and _has_discriminator(objects)
+    are_objects = parent == {"object"} or all(found == {"object"} for found in types)
+    return are_objects and _has_discriminator(objects)
 
 
 def _has_discriminator(objects: list[Schema]) -> bool:

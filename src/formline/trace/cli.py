@@ -22,9 +22,10 @@ def run_trace(arguments: argparse.Namespace) -> int:
     schema = schema_of(Path(arguments.schema).read_text(encoding="utf-8"))
     if not isinstance(schema, dict):
         raise ValueError("formline trace needs an object JSON Schema, not a boolean schema")
-    folder = Path(arguments.out).resolve().parent
-    if not folder.is_dir() or not os.access(folder, os.W_OK):
-        raise ValueError(f"--out {arguments.out}: {folder} is not a folder this user can write")
+    out = Path(arguments.out)
+    folder = out.resolve().parent
+    if out.is_dir() or not folder.is_dir() or not os.access(folder, os.W_OK):
+        raise ValueError(f"--out {arguments.out}: not a file this user can write in {folder}")
     backend = load_trace_backend(arguments.model, n_threads=arguments.threads)
     trace = record_trace(
         schema,

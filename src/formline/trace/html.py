@@ -10,6 +10,7 @@ from __future__ import annotations
 import importlib.resources
 import json
 import os
+import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -36,7 +37,14 @@ def write_trace_html(trace: dict[str, Any], path: str | Path) -> Path:
         OSError: the folder cannot be written.
     """
     target = Path(path)
-    partial = target.with_name(f".{target.name}.partial")
-    partial.write_text(render_trace_html(trace), encoding="utf-8")
-    os.replace(partial, target)
+    page = render_trace_html(trace)
+    handle, partial = tempfile.mkstemp(prefix=f".{target.name}.", dir=target.resolve().parent)
+    try:
+        with os.fdopen(handle, "w", encoding="utf-8") as sink:
+            sink.write(page)
+        os.chmod(partial, 0o644)  # mkstemp's file is the owner's alone; a page is to share
+        os.replace(partial, target)
+    finally:
+        if os.path.exists(partial):
+            os.unlink(partial)  # a failed write leaves nothing behind
     return target
