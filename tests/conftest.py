@@ -8,6 +8,7 @@ in the message; nothing is skipped silently and nothing is downloaded here.
 from __future__ import annotations
 
 import importlib.util
+import os
 import pathlib
 import sys
 from typing import Any
@@ -26,6 +27,29 @@ from formline.vocab.fixtures import fixture_path
 # xgrammar==0.2.8, so it runs in vLLM's own environment (python3 scripts/vllm_env.py test,
 # which CI runs too). Where vLLM is importable, as there, the directory is collected.
 collect_ignore = [] if importlib.util.find_spec("vllm") is not None else ["with_vllm"]
+
+# Set by .ci/run, which installs everything a test may skip for (chromium, the extras): there
+# a skip would hide a test that never ran, so it fails, naming what was missing.
+EVERY_TEST_RUNS = os.environ.get("FORMLINE_EVERY_TEST_RUNS") == "1"
+
+
+def _as_failure(report: Any) -> None:
+    if EVERY_TEST_RUNS and report.skipped and not hasattr(report, "wasxfail"):
+        reason = report.longrepr[2] if isinstance(report.longrepr, tuple) else report.longrepr
+        report.outcome = "failed"
+        report.longrepr = f"skipped where every test must run (FORMLINE_EVERY_TEST_RUNS): {reason}"
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item: Any, call: Any) -> Any:
+    outcome = yield
+    _as_failure(outcome.get_result())
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_make_collect_report(collector: Any) -> Any:
+    outcome = yield  # a module-level importorskip skips at collection
+    _as_failure(outcome.get_result())
 
 
 def load_huggingface_tokenizer(name: str) -> Any:

@@ -142,12 +142,10 @@ class DistinctItemsMatcher:
         self._vocabulary_size = vocabulary.size
         # The tokens holding a quote (the only ones that can close or open an item), as the
         # mask words and bits to test: made once, not at every step.
-        quoted = vocabulary.tokens_with_byte(0x22)
-        self._quoted = quoted
-        self._quoted_words, self._quoted_bits = quoted >> 5, (quoted & 31).astype(np.uint32)
+        self._quoted = _TokenBits(vocabulary.tokens_with_byte(0x22))
         # Once every enum choice is written, a comma can only lead to a repeat: the tokens
         # holding one are scanned too then (126 of SmolLM2's tokens hold a comma, 861 of Llama-3's).
-        self._commas = vocabulary.tokens_with_byte(0x2C)
+        self._commas = _TokenBits(vocabulary.tokens_with_byte(0x2C))
         self._accepted: list[bytes] = []
         self.follower = JsonFollower(self.arrays)
 
@@ -214,10 +212,9 @@ class DistinctItemsMatcher:
             # Only a token holding a quote can close an item or open one (_repeats): the
             # allowed ones among them. Scanning every allowed token cost 80-82 ms a step
             # inside a free string item on SmolLM2, 194-196 on Llama-3 (bench.policy_bench).
-            candidates = _allowed_among(row, self._quoted, self._quoted_words, self._quoted_bits)
+            candidates = self._quoted.allowed_in(row)
             if choices is not None and _is_exhausted(array.items, choices):
-                commas = _allowed_among(row, self._commas)
-                candidates = np.union1d(candidates, commas)
+                candidates = np.union1d(candidates, self._commas.allowed_in(row))
         else:  # an enum's prefix: the grammar allows a few tokens, any may end the choices
             flags = np.unpackbits(row.view(np.uint8), bitorder="little")[: self._vocabulary_size]
             candidates = np.flatnonzero(flags)
@@ -265,15 +262,20 @@ class DistinctItemsMatcher:
         )
 
 
-def _allowed_among(
-    row: np.ndarray, tokens: np.ndarray, words: Any = None, bits: Any = None
-) -> np.ndarray:
-    """The ``tokens`` (sorted ids) whose bit is set in ``row``; ``words`` and ``bits``: their
-    word indices and bit shifts, when kept from an earlier step."""
-    words = tokens >> 5 if words is None else words
-    bits = (tokens & 31).astype(np.uint32) if bits is None else bits
-    result: np.ndarray = tokens[(row[words] >> bits) & 1 == 1]
-    return result
+class _TokenBits:
+    """Sorted token ids with their mask word indices and bit shifts, made once, not at every
+    step."""
+
+    __slots__ = ("bits", "tokens", "words")
+
+    def __init__(self, tokens: np.ndarray):
+        self.tokens = tokens
+        self.words, self.bits = tokens >> 5, (tokens & 31).astype(np.uint32)
+
+    def allowed_in(self, row: np.ndarray) -> np.ndarray:
+        """The tokens whose bit is set in ``row`` (uint32 mask words)."""
+        result: np.ndarray = self.tokens[(row[self.words] >> self.bits) & 1 == 1]
+        return result
 
 
 def _is_exhausted(written: list[bytes], choices: list[bytes]) -> bool:

@@ -148,7 +148,8 @@ class BatchFill {
 // taken a few at a time by `threads` threads, the calling one included. Called while the
 // batch's helpers are still held (spinning). 64 Llama-3 rows (1 MiB) from 29 masks, timed
 // in a loop with the helper spinning (a diagnostic, 400 rounds): 85 -> 72 and 76 -> 61 µs
-// (median); in the 2-thread cold fill, 652 -> 638 µs (150 alternated repeats).
+// (median); in the 2-thread cold fill, 652 -> 638 µs (150 alternated repeats, a diagnostic
+// loop too; bench.batch_bench is the measurement).
 inline void copy_rows(const uint32_t* const* sources, const int64_t* widths, int32_t* bitmask,
                       int64_t columns, const int64_t* rows, size_t count, int threads) {
   constexpr size_t kRowsPerTake = 4;  // 64 KiB of Llama-3 rows: one queue step per 4 copies
