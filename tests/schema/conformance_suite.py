@@ -37,12 +37,20 @@ PASS = "pass"
 AFTER_CHECK_FAILED = "the after-check could not run"  # schema.api.SchemaCheck's finding
 
 
+# The optional files on ECMA-262 patterns, which JSON Schema specifies (formline reads
+# patterns as ECMA-262 in the grammar and in the after-check alike).
+OPTIONAL = ("optional/ecmascript-regex.json", "optional/non-bmp-regex.json")
+
+
 def suite_files(suite: Path = SUITE) -> Iterator[tuple[str, Path]]:
-    """(draft, file) for the required tests and optional/format of both drafts."""
+    """(draft, file) for the required tests, optional/format and the optional pattern files
+    of both drafts."""
     for draft in DRAFTS:
         folder = suite / draft
         for path in sorted(folder.glob("*.json")) + sorted(folder.glob("optional/format/*.json")):
             yield draft, path
+        for name in OPTIONAL:
+            yield draft, folder / name
 
 
 def with_draft(schema: Any, draft: str) -> Any:
@@ -113,9 +121,10 @@ def _error_keywords(compiled: Any, instance: Any) -> set[str]:
     """The keywords on the schema path of every error (nested anyOf/oneOf causes included):
     an error under ``then`` or ``dependentSchemas`` is that keyword's error."""
     from formline.schema.api import _validator
+    from formline.schema.python_patterns import with_python_patterns
 
     keywords: set[str] = set()
-    pending = list(_validator(compiled.schema).iter_errors(instance))
+    pending = list(_validator(with_python_patterns(compiled.schema)[0]).iter_errors(instance))
     while pending:
         error = pending.pop()
         keywords.update(str(part) for part in error.absolute_schema_path)

@@ -19,7 +19,6 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
-from jsonschema import Draft202012Validator
 from tqdm import tqdm
 
 from formline.evaluation.confidence import confidence_aurocs, field_signals
@@ -37,6 +36,7 @@ from formline.pipeline.extract import Failed, extract
 from formline.pipeline.generate import generate
 from formline.pipeline.tolerance import coerce_numbers
 from formline.schema import compile_schema
+from formline.schema.api import SchemaCheck
 
 PREDICTION_KEYS = (
     "id", "variant", "output", "value", "finish_reason", "tokens", "seconds", "rationale",
@@ -101,9 +101,9 @@ def _task_schema(path: Path, task_id: Any) -> Any:
 
 
 def is_valid(schema: dict[str, Any], value: Any) -> bool:
-    """Whether ``value`` validates against ``schema`` (Draft 2020-12, formats checked)."""
-    validator = Draft202012Validator(schema, format_checker=Draft202012Validator.FORMAT_CHECKER)
-    return bool(validator.is_valid(value))
+    """Whether ``value`` passes ``schema`` as formline's after-check reads it (its draft,
+    formats checked, patterns as ECMA-262: :class:`~formline.schema.api.SchemaCheck`)."""
+    return not SchemaCheck(schema).check(value)
 
 
 def run_task(

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 from dataclasses import dataclass, field
 from operator import itemgetter
 from typing import Any
@@ -28,34 +29,48 @@ from formline.schema.compiler import (
     compile_to_grammar,
     root_resolver,
 )
-from formline.schema.metaschema import check_schema
+from formline.schema.metaschema import check_schema, format_checker
 from formline.schema.ordering import order_like_schema
+from formline.schema.python_patterns import with_python_patterns
 from formline.schema.report import PackedReport, SchemaError, SchemaReport
 from formline.vocab import Vocabulary
 
 
 class SchemaCheck:
     """Validation of instances against ``schema`` as formline's after-check does it: the
-    schema's own draft validator with that draft's format checker (built on first use)."""
+    schema's own draft validator with that draft's format checker, its patterns read as
+    ECMA-262 as the grammar reads them (:mod:`formline.schema.python_patterns`; built on
+    first use)."""
 
     def __init__(self, schema: dict[str, Any] | bool):
         self.schema = schema
         self.validator: Any = None
+        self.original_patterns: dict[str, str] = {}
 
     def check(self, instance: Any) -> list[str]:
         """Every way ``instance`` breaks the schema (``[]``: valid). A check that cannot run
-        (a ``$dynamicRef`` to a missing anchor, an instance nested past the recursion limit)
-        is reported as a finding, never passed. Costs one ``jsonschema`` validation."""
+        (a ``$dynamicRef`` to a missing anchor, an instance nested past the recursion limit,
+        a pattern Python's ``re`` cannot read) is reported as a finding, never passed. Costs
+        one ``jsonschema`` validation (the first call also rewrites the schema's patterns)."""
         try:
             if self.validator is None:
-                self.validator = _validator(self.schema)
+                rewritten, self.original_patterns = with_python_patterns(self.schema)
+                self.validator = _validator(rewritten)
             return [
-                f"{error.message} (at {'/' + '/'.join(str(p) for p in error.absolute_path)})"
+                f"{self.message(error)} (at {'/' + '/'.join(map(str, error.absolute_path))})"
                 for error in self.validator.iter_errors(instance)
             ]
-        except (Unresolvable, RecursionError, ValueError) as error:  # jsonschema wraps
-            # its reference errors in Unresolvable; an invalid schema is a ValueError there.
+        except (Unresolvable, RecursionError, ValueError, re.error) as error:  # jsonschema
+            # wraps its reference errors in Unresolvable; an invalid schema is a ValueError.
             return [f"the after-check could not run: {type(error).__name__}: {error}"]
+
+    def message(self, error: Any) -> str:
+        """``error``'s message, a ``pattern`` named as the schema wrote it (its Python form
+        can be kilobytes of code point ranges)."""
+        if error.validator == "pattern" and error.validator_value in self.original_patterns:
+            original = self.original_patterns[error.validator_value]
+            return f"{error.instance!r} does not match {original!r}"
+        return str(error.message)
 
 
 @dataclass
@@ -120,7 +135,8 @@ def parse_output(text: str) -> tuple[Any, list[str]]:
 def serialize_like_schema(schema: dict[str, Any] | bool, instance: Any) -> str:
     """See :meth:`CompiledSchema.serialize`. Costs O(size of instance)."""
     resolver, _, is_draft7 = root_resolver(schema)
-    ordered = order_like_schema(schema, instance, resolver, _validator(schema), is_draft7)
+    validator = _validator(with_python_patterns(schema)[0])
+    ordered = order_like_schema(schema, instance, resolver, validator, is_draft7)
     return json.dumps(ordered, separators=(",", ":"), ensure_ascii=False)
 
 
@@ -302,7 +318,7 @@ def _validator(schema: dict[str, Any] | bool) -> Any:
     ``FormatChecker()`` mixes drafts: its "time" is draft 3's ``%H:%M:%S``, which refuses
     ``08:30:06Z``), reading ``nullable`` as the grammar does (:func:`_with_nullable`)."""
     cls = _with_nullable(validator_for(schema, default=Draft202012Validator))
-    return cls(schema, format_checker=cls.FORMAT_CHECKER)
+    return cls(schema, format_checker=format_checker(cls))
 
 
 _NULLABLE_CLASSES: dict[Any, Any] = {}

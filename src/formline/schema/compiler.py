@@ -35,6 +35,7 @@ from formline.schema.merge import (
     merge,
     type_set,
 )
+from formline.schema.metaschema import format_checker
 from formline.schema.objects import object_value
 from formline.schema.report import SchemaError, SchemaReport, escape_pointer
 from formline.schema.resolving import LazyResolver, has_identifiers, pointer_target, resolver_of
@@ -152,7 +153,7 @@ class SchemaCompiler:
         self.resolver: Any = LazyResolver(self.root, self.specification)
         self._check_draft()
         validator = Draft7Validator if self.is_draft7 else Draft202012Validator
-        self.format_checker = validator.FORMAT_CHECKER
+        self.format_checker = format_checker(validator)
         self.text = JsonText(options.whitespace)
         self.report = SchemaReport()
         self.rules: dict[str, Node] = {}

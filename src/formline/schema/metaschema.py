@@ -4,9 +4,11 @@ The meta-schema check ran in Python (``jsonschema``), and it cost 1.5 ms of a 5 
 three-field schema (the 2020-12 meta-schema's ``$dynamicRef`` resolution, per subschema).
 ``jsonschema_rs`` (Rust) answers "valid?" in 4 µs, so it goes first; Python's check runs only
 when the answer is no (its error message is the one users see) or when a string the Python
-check would test against a format (a ``pattern`` as a Python regex, a ``$ref`` or ``$id`` as a
-URI reference, ``$schema`` as a URI) does not conform: there the two differ (``\\p{Letter}`` is
-an ECMA regex but not a Python one), and the Python check's verdict stands, as before.
+check would test against a format (a ``pattern`` as a regex, a ``$ref`` or ``$id`` as a
+URI reference, ``$schema`` as a URI) does not conform: there the two differ, and the Python
+check's verdict stands. Its ``regex`` format is ECMA-262's, as the grammar reads patterns
+(:func:`~formline.schema.python_patterns.is_ecma_regex`): Python's ``re`` refused
+``\\p{Letter}`` and ``\\cC``.
 """
 
 from __future__ import annotations
@@ -14,9 +16,11 @@ from __future__ import annotations
 from typing import Any
 
 import jsonschema_rs
+from jsonschema import FormatChecker
 from jsonschema.exceptions import SchemaError as MetaSchemaError
 from jsonschema.validators import Draft202012Validator, validator_for
 
+from formline.schema.python_patterns import with_ecma_regex
 from formline.schema.report import SchemaError, escape_pointer
 
 # Keywords whose values the meta-schemas give a format the Python check asserts.
@@ -46,7 +50,7 @@ def check_schema(schema: dict[str, Any] | bool) -> None:
         pass  # the check below names it
     cls = validator_for(schema, default=Draft202012Validator)
     try:
-        cls.check_schema(schema)
+        cls.check_schema(schema, format_checker=format_checker(cls))
     except (OverflowError, ValueError) as error:  # the regex format check lets these through
         message = f"not a valid JSON Schema: a pattern Python cannot read ({error})"
         raise SchemaError(message) from error
@@ -55,6 +59,17 @@ def check_schema(schema: dict[str, Any] | bool) -> None:
         keyword = path[-1] if path else None  # the user's keyword at fault, not the meta one
         pointer = "".join(f"/{escape_pointer(part)}" for part in path[:-1])
         raise SchemaError(f"not a valid JSON Schema: {error.message}", pointer, keyword) from error
+
+
+_CHECKERS: dict[Any, FormatChecker] = {}
+
+
+def format_checker(cls: Any) -> FormatChecker:
+    """The draft's format checker with ``regex`` read as ECMA-262 (made once per draft)."""
+    checker = _CHECKERS.get(cls)
+    if checker is None:
+        checker = _CHECKERS[cls] = with_ecma_regex(cls.FORMAT_CHECKER)
+    return checker
 
 
 def _is_valid_fast(schema: dict[str, Any] | bool) -> bool:
@@ -67,7 +82,7 @@ def _is_valid_fast(schema: dict[str, Any] | bool) -> bool:
             return False
     except Exception:  # an unknown $schema and the like: the Python check decides
         return False
-    checker = validator_for(schema, default=Draft202012Validator).FORMAT_CHECKER
+    checker = format_checker(validator_for(schema, default=Draft202012Validator))
     # A string's verdict, once per (string, format): a schema names one "$ref" target many
     # times (meltano.schema: 51 references to 20 targets, 0.75 µs a check).
     verdicts: dict[tuple[str, str], bool] = {}

@@ -29,6 +29,7 @@ from formline.schema.json_text import (
 )
 from formline.schema.merge import Schema, as_object, merge
 from formline.schema.patterns import pattern_node
+from formline.schema.python_patterns import python_pattern_or_same, with_python_patterns
 from formline.schema.report import SchemaError, escape_pointer
 from formline.schema.values import count_keyword, repeated_items
 
@@ -190,7 +191,7 @@ class _Members:
             return None
         if isinstance(names_schema, dict) and "$ref" in str(names_schema):
             return None  # the after-check validates them
-        validator = Draft202012Validator(names_schema)
+        validator = Draft202012Validator(with_python_patterns(names_schema)[0])
         return {name for name in names if validator.is_valid(name)}
 
     # -------------------------------------------------------------- other members
@@ -374,11 +375,12 @@ def member_schema(schema: Schema, name: str) -> Any:
 
 
 def is_pattern_match(pattern: str, name: str) -> bool:
-    """Whether a patternProperties regex matches a declared name (Python's ``re`` for the
-    common ECMA subset; a pattern Python cannot read matches nothing here and the
-    after-check decides)."""
+    """Whether a patternProperties regex matches a declared name, read as ECMA-262 as the
+    grammar reads it (:func:`~.python_patterns.python_pattern`); a pattern neither the
+    grammar nor Python can read matches nothing here and the after-check decides. Costs one
+    regex search (the translation is cached)."""
     try:
-        return re.search(pattern, name) is not None
+        return re.search(python_pattern_or_same(pattern), name) is not None
     except re.error:
         return False
 

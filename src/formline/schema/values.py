@@ -26,6 +26,7 @@ from formline.schema.merge import (
 )
 from formline.schema.numbers import integer_bounds_from_schema, integer_node, number_node
 from formline.schema.patterns import pattern_node
+from formline.schema.python_patterns import with_python_patterns
 from formline.schema.report import SchemaError
 
 if TYPE_CHECKING:
@@ -147,7 +148,8 @@ def _filter_by_schema(
             compiler.record("checked_after", keyword, pointer, "beside enum, with a $ref")
         return values
     draft = Draft7Validator if compiler.is_draft7 else Draft202012Validator
-    validator = draft(local, format_checker=compiler.format_checker)
+    # Patterns as ECMA-262 reads them: Python's \W refused the "é" of ^\W$ here.
+    validator = draft(with_python_patterns(local)[0], format_checker=compiler.format_checker)
     for keyword in sorted(constraints):
         compiler.record("enforced", keyword, pointer, "enum values filtered by it")
     return [value for value in values if validator.is_valid(value)]
