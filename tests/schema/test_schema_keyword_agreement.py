@@ -96,3 +96,25 @@ def test_property_names_beside_patterns_is_on_the_report() -> None:
     }
     assert accepts(schema, b'{"xxxx":1}')  # the pattern's key: propertyNames cannot hold it
     assert "propertyNames" in checked_after(schema)  # it was on no list at all
+
+
+def test_all_of_additional_properties_meets_the_other_branch_patterns() -> None:
+    # A name the other branch's pattern matches is that pattern's, not additional there.
+    declared = {"type": "object", "properties": {"foo1": {"type": "string"}}}
+    patterned = {
+        "type": "object",
+        "patternProperties": {"^foo": {"type": "string"}},
+        "additionalProperties": False,
+    }
+    both = {"allOf": [declared, patterned]}
+    assert accepts(both, b'{"foo1":"x"}') and SchemaCheck(both).check({"foo1": "x"}) == []
+    assert not accepts(both, b'{"foo1":1}')
+    # A key only one branch's pattern admits, beside the other's additionalProperties: false,
+    # has no exact merge: the grammar admits it, the report says so and the after-check
+    # refuses it (it was reported enforced).
+    closed = {"type": "object", "properties": {"a": {}}, "additionalProperties": False}
+    opened = {"type": "object", "patternProperties": {"^bar": {"type": "string"}}}
+    loose = {"allOf": [opened, closed]}
+    assert "additionalProperties" in checked_after(loose)
+    assert SchemaCheck(loose).check({"bar9": "x"}) != []
+    assert "additionalProperties" not in checked_after({"allOf": [declared, closed]})

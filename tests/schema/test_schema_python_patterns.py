@@ -184,6 +184,9 @@ def test_declared_names_meet_pattern_properties_as_ecma(smollm2_vocab: Vocabular
     matcher = compiled.matcher()
     assert matcher.accept_string('{"é":"x"}'.encode()) and matcher.can_end()
     assert compiled.check({"é": "x"}) == []
+    closed = {"type": "object", "patternProperties": {r"^\d$": {}}, "additionalProperties": False}
+    findings = SchemaCheck(closed).check({"x": 1})  # names the pattern as written
+    assert findings == ["'x' does not match any of the regexes: '^\\\\d$' (at /)"]
 
 
 def test_enum_filtered_by_an_ecma_pattern(smollm2_vocab: Vocabulary) -> None:

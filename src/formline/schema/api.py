@@ -65,12 +65,15 @@ class SchemaCheck:
             return [f"the after-check could not run: {type(error).__name__}: {error}"]
 
     def message(self, error: Any) -> str:
-        """``error``'s message, a ``pattern`` named as the schema wrote it (its Python form
-        can be kilobytes of code point ranges)."""
-        if error.validator == "pattern" and error.validator_value in self.original_patterns:
-            original = self.original_patterns[error.validator_value]
-            return f"{error.instance!r} does not match {original!r}"
-        return str(error.message)
+        """``error``'s message with each pattern named as the schema wrote it (``pattern``'s
+        and ``additionalProperties``' messages quote the Python form, which can be kilobytes
+        of code point ranges). Costs a scan per rewritten pattern."""
+        text = str(error.message)
+        for rewritten, original in self.original_patterns.items():
+            quoted = repr(rewritten)
+            if rewritten != original and quoted in text:
+                text = text.replace(quoted, repr(original))
+        return text
 
 
 @dataclass

@@ -14,6 +14,7 @@ import math
 from decimal import Decimal
 from typing import Any
 
+from formline.schema.python_patterns import is_pattern_match
 from formline.schema.report import SchemaError
 
 Schema = dict[str, Any]
@@ -104,7 +105,7 @@ def merge(first: Schema, second: Schema, pointer: str) -> tuple[Schema, list[tup
     if "type" in first and "type" in second:
         types = intersect_types(type_set(first, pointer), type_set(second, pointer))
         merged["type"] = sorted(types or [])
-    _merge_object_keywords(merged, first, second)
+    _merge_object_keywords(merged, first, second, notes)
     if any(keyword in schema for schema in (first, second) for keyword in array_keywords):
         for keyword in array_keywords:
             merged.pop(keyword, None)
@@ -226,20 +227,30 @@ def _both(left: Any, right: Any) -> Any:
     return {"allOf": [left, right]}
 
 
-def _merge_object_keywords(merged: Schema, first: Schema, second: Schema) -> None:
+def _merge_object_keywords(
+    merged: Schema, first: Schema, second: Schema, notes: list[tuple[str, str]]
+) -> None:
     """A property declared on one side only is also bound by the other side's
-    ``additionalProperties`` (the classic allOf + additionalProperties: false trap)."""
+    ``additionalProperties`` (the classic allOf + additionalProperties: false trap), unless a
+    ``patternProperties`` pattern of that side matches its name (then that pattern's schema
+    binds it, in the merge too). A side's patterns that the other side lacks, beside that
+    side's ``additionalProperties``, have no exact merge: the keys they match are checked
+    after decoding (merged, they matched a pattern and passed where ``additionalProperties:
+    false`` refused them)."""
     for own, other in ((first, second), (second, first)):
         extra = other.get("additionalProperties", True)
         if extra is True or extra == {}:
             continue
-        known = set(other.get("properties", {})) | set(other.get("patternProperties", {}))
+        names = other.get("properties", {})
+        patterns = other.get("patternProperties", {})
         properties = dict(merged.get("properties", {}))
         for name in own.get("properties", {}):
-            if name not in known:
+            if name not in names and not any(is_pattern_match(p, name) for p in patterns):
                 properties[name] = {"allOf": [properties[name], extra]}
         if properties:
             merged["properties"] = properties
+        if any(pattern not in patterns for pattern in own.get("patternProperties", {})):
+            notes.append(("additionalProperties", "beside the other allOf branch's patterns"))
 
 
 def _is_number(value: Any) -> bool:

@@ -12,7 +12,6 @@ number of leading optional properties, measured: 30 optional properties of small
 
 from __future__ import annotations
 
-import re
 from typing import TYPE_CHECKING, Any
 
 from jsonschema import Draft202012Validator
@@ -29,7 +28,7 @@ from formline.schema.json_text import (
 )
 from formline.schema.merge import Schema, as_object, merge
 from formline.schema.patterns import pattern_node
-from formline.schema.python_patterns import python_pattern_or_same, with_python_patterns
+from formline.schema.python_patterns import is_pattern_match, with_python_patterns
 from formline.schema.report import SchemaError, escape_pointer
 from formline.schema.values import count_keyword, repeated_items
 
@@ -372,17 +371,6 @@ def member_schema(schema: Schema, name: str) -> Any:
     if not schemas:
         return schema.get("additionalProperties", True)
     return schemas[0] if len(schemas) == 1 else {"allOf": schemas}
-
-
-def is_pattern_match(pattern: str, name: str) -> bool:
-    """Whether a patternProperties regex matches a declared name, read as ECMA-262 as the
-    grammar reads it (:func:`~.python_patterns.python_pattern`); a pattern neither the
-    grammar nor Python can read matches nothing here and the after-check decides. Costs one
-    regex search (the translation is cached)."""
-    try:
-        return re.search(python_pattern_or_same(pattern), name) is not None
-    except re.error:
-        return False
 
 
 def _size(node: Node) -> int:

@@ -94,6 +94,17 @@ def python_pattern_or_same(pattern: str) -> str:
         return pattern
 
 
+def is_pattern_match(pattern: str, name: str) -> bool:
+    """Whether a patternProperties regex matches a declared name, read as ECMA-262 as the
+    grammar reads it (:func:`python_pattern`); a pattern neither the
+    grammar nor Python can read matches nothing here and the after-check decides. Costs one
+    regex search (the translation is cached)."""
+    try:
+        return re.search(python_pattern_or_same(pattern), name) is not None
+    except re.error:
+        return False
+
+
 def with_python_patterns(schema: Any) -> tuple[Any, dict[str, str]]:
     """A copy of ``schema`` whose ``pattern`` values and ``patternProperties`` names are
     rewritten by :func:`python_pattern_or_same`, and the map from each rewritten pattern to
