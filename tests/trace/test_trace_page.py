@@ -263,6 +263,8 @@ def test_cli_writes_the_page(tmp_path: Path) -> None:
     assert out.read_text(encoding="utf-8").count('id="trace-data"') == 1
     names = sorted(path.name for path in tmp_path.iterdir())
     assert names == ["schema.json", "t.html"]  # the temporary file renamed, none left
+    # A progress bar on stderr, one tick per generation: 3 modes x 1 sample + the recorded run.
+    assert "trace: 100%" in done.stderr and "4/4" in done.stderr, done.stderr
 
 
 def test_cli_refuses_an_out_folder_before_recording(tmp_path: Path, capsys: Any) -> None:

@@ -36,6 +36,7 @@ def run_trace(arguments: argparse.Namespace) -> int:
         max_tokens=arguments.max_tokens,
         seed=arguments.seed,
         field_orders=not arguments.no_field_orders,
+        progress=not arguments.no_progress,
     )
     path = write_trace_html(trace, arguments.out)
     steps = trace["constrained"]["steps"]
@@ -56,4 +57,5 @@ def register(commands: Any) -> None:
     trace.add_argument("--threads", type=int, default=1, help="llama.cpp threads")
     trace.add_argument("--no-field-orders", action="store_true", help="skip the order runs")
     trace.add_argument("--out", default="trace.html", help="the HTML file to write")
+    trace.add_argument("--no-progress", action="store_true", help="no progress bar")
     trace.set_defaults(handler=run_trace)

@@ -17,9 +17,11 @@ from __future__ import annotations
 
 import json
 import time
+from functools import partial
 from typing import Any
 
 import numpy as np
+from tqdm import tqdm
 
 from formline.backends.base import Backend, load_backend
 from formline.constraint import schema_description
@@ -64,36 +66,33 @@ def record_trace(
     max_tokens: int = 96,
     seed: int = 0,
     field_orders: bool = True,
+    progress: bool = False,
 ) -> dict[str, Any]:
     """Record one trace of ``prompt`` under ``schema`` on ``backend`` (llama.cpp).
+    ``progress``: a tqdm bar on stderr, one tick per generation.
 
     Costs 3 x ``free_samples`` sampled generations, one recorded greedy generation (one
-    forward pass per token) and, with ``field_orders``, two more greedy generations.
+    forward pass per token) and, with ``field_orders``, two more greedy generations (on
+    two cores and the embedded model, about a minute with the defaults).
     """
     vocabulary = backend.vocabulary
     compiled = compile_schema(schema, vocabulary)
     described = f"{prompt}\n\n{schema_description(schema)}"
+    total = 3 * free_samples + 1 + (2 if field_orders else 0)
+    bar = tqdm(total=total, disable=not progress, unit="run", desc="trace")
+    sampled = partial(
+        _samples, backend, described, compiled=compiled, count=free_samples, bar=bar,
+        temperature=temperature, max_tokens=max_tokens, seed=seed,
+    )  # fmt: skip
     samples = {
-        "prompt_only": _samples(
-            backend, described, None, compiled, free_samples, temperature, max_tokens, seed
-        ),
-        "json_mode": _samples(
-            backend,
-            described,
-            {"type": "object"},
-            compiled,
-            free_samples,
-            temperature,
-            max_tokens,
-            seed,
-        ),
-        "schema": _samples(
-            backend, described, schema, compiled, free_samples, temperature, max_tokens, seed
-        ),
+        "prompt_only": sampled(output=None),
+        "json_mode": sampled(output={"type": "object"}),
+        "schema": sampled(output=schema),
     }
     steps_run = _record_steps(
         backend, described, GrammarMatcher(compiled.compiled_grammar), max_tokens
     )
+    bar.update()
     trace: dict[str, Any] = {
         "version": 1,
         "model": getattr(backend, "model_path", None) and str(backend.model_path.name),  # type: ignore[attr-defined]
@@ -107,22 +106,25 @@ def record_trace(
         "failure_reasons": list(FAILURE_REASONS),
         "constrained": steps_run,
         "pressure_threshold": DEFAULT_THRESHOLD,
-        "field_orders": _field_orders(backend, prompt, schema, max_tokens)
+        "field_orders": _field_orders(backend, prompt, schema, max_tokens, bar)
         if field_orders
         else None,
     }
+    bar.close()
     return trace
 
 
 def _samples(
     backend: Backend,
     prompt: str,
+    *,
     output: Any,
     compiled: Any,
     count: int,
     temperature: float,
     max_tokens: int,
     seed: int,
+    bar: tqdm,
 ) -> list[dict[str, Any]]:
     """``count`` sampled generations, each classified against the real schema."""
     rows = []
@@ -147,6 +149,7 @@ def _samples(
                 "tokens": result.usage["completion_tokens"],
             }
         )
+        bar.update()
     return rows
 
 
@@ -367,7 +370,7 @@ def _pressure_row(entry: Any) -> dict[str, Any]:
 
 
 def _field_orders(
-    backend: Backend, prompt: str, schema: dict[str, Any], max_tokens: int
+    backend: Backend, prompt: str, schema: dict[str, Any], max_tokens: int, bar: tqdm
 ) -> dict[str, Any] | None:
     """The same request, greedy, evidence-first and answer-first: the schema's free-text
     fields (:func:`~formline.evaluation.variants.is_evidence_field`) before, then after, the
@@ -375,6 +378,7 @@ def _field_orders(
     the schema is not an object with properties."""
     properties = schema.get("properties") if isinstance(schema, dict) else None
     if not isinstance(properties, dict) or not properties:
+        bar.update(2)
         return None
     added = None
     if not any(is_evidence_field(name, sub) for name, sub in properties.items()):
@@ -400,4 +404,5 @@ def _field_orders(
                 "forward_ms": result.timings["forward_seconds"] * 1000,
             }
         )
+        bar.update()
     return {"rows": rows, "added_field": added}
