@@ -26,7 +26,7 @@ from test_schema_patterns import (
 from formline.evaluation.runner import is_valid
 from formline.grammar.ir import GrammarError
 from formline.schema import SchemaError, compile_schema
-from formline.schema.api import SchemaCheck
+from formline.schema.api import SchemaCheck, serialize_like_schema
 from formline.schema.metaschema import check_schema
 from formline.schema.python_patterns import is_ecma_regex, python_pattern, with_python_patterns
 from formline.vocab import Vocabulary
@@ -140,6 +140,64 @@ def test_schema_rewrite_walks_schemas_only() -> None:
     assert rewritten["$defs"]["b"]["anyOf"][0]["pattern"] == python_pattern("$")
     assert originals[python_pattern(r"^\w$")] == r"^\w$"
     assert schema["properties"]["a"]["pattern"] == r"^\w$"  # the input is not changed
+
+
+def test_two_spellings_of_one_language_stay_two_patterns() -> None:
+    both = {"patternProperties": {"^[0-9]+$": {"type": "integer"}, "^\\d+$": {"minimum": 5}}}
+    rewritten, originals = with_python_patterns(both)
+    assert len(rewritten["patternProperties"]) == 2  # one key dropped the integer type
+    assert sorted(originals.values()) == ["^[0-9]+$", "^\\d+$"]
+    check = SchemaCheck(both)
+    assert check.check({"12": "x"}) != [] and check.check({"12": 3}) != []
+    assert check.check({"12": 7}) == []
+    names = {"properties": {"a": {"pattern": "^[0-9]$"}, "b": {"pattern": "^\\d$"}}}
+    assert SchemaCheck(names).check({"a": "x", "b": "y"}) == [
+        "'x' does not match '^[0-9]$' (at /a)",
+        "'y' does not match '^\\\\d$' (at /b)",
+    ]
+
+
+def test_references_meet_rewritten_patterns() -> None:
+    # A $ref through a renamed patternProperties name is renamed with it.
+    through = {
+        "patternProperties": {"^a": {"type": "integer"}},
+        "properties": {"b": {"$ref": "#/patternProperties/^a"}},
+    }
+    assert SchemaCheck(through).check({"b": 1}) == []
+    assert SchemaCheck(through).check({"b": "x"}) != []
+    # So is one inside a resource of its own ($id): its "#/" starts there.
+    resource = {
+        "$id": "https://example.com/root.json",
+        "$defs": {"r": {"$id": "https://example.com/r.json", **through}},
+        "$ref": "https://example.com/r.json",
+    }
+    assert SchemaCheck(resource).check({"b": 1}) == []
+    # A schema a $ref reaches outside the keywords is rewritten too.
+    elsewhere = {"$ref": "#/components/mark", "components": {"mark": {"pattern": r"^\W$"}}}
+    assert SchemaCheck(elsewhere).check("é") == []
+    assert SchemaCheck(elsewhere).check("e") != []
+
+
+def test_serialize_picks_the_branch_by_ecma_patterns() -> None:
+    ordered = {"type": "object", "properties": {"s": {"pattern": r"^\W$"}, "x": {}, "y": {}}}
+    schema = {
+        "anyOf": [
+            {**ordered, "required": ["s", "x", "y"]},
+            {"type": "object", "properties": {"y": {}, "x": {}, "s": {}}},
+        ]
+    }
+    assert serialize_like_schema(schema, {"y": 1, "x": 2, "s": "é"}) == '{"s":"é","x":2,"y":1}'
+    assert serialize_like_schema(schema, {"y": 1, "x": 2, "s": "e"}) == '{"y":1,"x":2,"s":"e"}'
+
+
+def test_pathological_patterns_end_in_bounded_time() -> None:
+    with pytest.raises(GrammarError, match="Python form would pass"):
+        python_pattern("^" + r"\p{L}" * 400 + "$")  # 4.9 MB of ranges: not made
+    with pytest.raises(GrammarError, match="chained too deeply"):
+        python_pattern("a" + "{1}" * 2000)
+    check_schema({"type": "string", "pattern": "a" + "{1}" * 2000})  # no RecursionError
+    findings = SchemaCheck({"pattern": "^" + r"\p{L}" * 400 + "$"}).check("a")
+    assert len(findings) == 1 and findings[0].startswith("the after-check could not run")
 
 
 def test_after_check_reads_patterns_as_the_grammar(smollm2_vocab: Vocabulary) -> None:

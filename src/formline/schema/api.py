@@ -136,10 +136,14 @@ def parse_output(text: str) -> tuple[Any, list[str]]:
 
 
 def serialize_like_schema(schema: dict[str, Any] | bool, instance: Any) -> str:
-    """See :meth:`CompiledSchema.serialize`. Costs O(size of instance)."""
-    resolver, _, is_draft7 = root_resolver(schema)
-    validator = _validator(with_python_patterns(schema)[0])
-    ordered = order_like_schema(schema, instance, resolver, validator, is_draft7)
+    """See :meth:`CompiledSchema.serialize`. Costs O(size of instance) plus a walk of the
+    schema."""
+    # The rewritten schema throughout: the order follows the anyOf branch that holds, and a
+    # branch holds by its patterns read as ECMA-262 (handed the original's subschemas, the
+    # validator read them as Python).
+    rewritten = with_python_patterns(schema)[0]
+    resolver, _, is_draft7 = root_resolver(rewritten)
+    ordered = order_like_schema(rewritten, instance, resolver, _validator(rewritten), is_draft7)
     return json.dumps(ordered, separators=(",", ":"), ensure_ascii=False)
 
 

@@ -15,7 +15,11 @@ So the pattern is parsed by the grammar's own ECMA-262 parser and written back w
 character class spelled out as code point ranges, ``\\A``/``\\Z`` for the anchors and
 ``(?:...)`` for the groups: the language is the grammar's, the engine that runs it is still
 an independent one (the after-check stays a second opinion). A pattern the grammar cannot
-read (lookahead, backreferences, ``\\b``) is left as it is, Python's reading the best there is.
+read (lookahead, backreferences, ``\\b``), or whose Python form would pass 128 kB (each
+``\\p{L}`` is 12 kB of ranges), is left as it is, Python's reading the best there is. The
+rewrite matches ECMA-262 on every valid Unicode string; on a lone surrogate (which JSON can
+carry and UTF-8 cannot) a negated class matches it, as ECMA-262 does, while the grammar
+writes none.
 """
 
 from __future__ import annotations
@@ -23,6 +27,7 @@ from __future__ import annotations
 import re
 from functools import lru_cache
 from typing import Any
+from urllib.parse import quote, unquote
 
 from jsonschema import FormatChecker
 
@@ -30,49 +35,68 @@ from formline.grammar.ir import EMPTY, Choice, GrammarError, Node, Repeat, RuleR
 from formline.grammar.utf8 import CodePointRanges, complement
 from formline.schema.patterns import EcmaScriptParser
 
-# Keywords whose value is one subschema, a map of names to subschemas, or a list of them;
-# data keywords (const, enum, default, examples) are never rewritten.
-SCHEMA_SINGLES = (
-    "additionalProperties", "items", "additionalItems", "contains", "propertyNames", "not",
-    "if", "then", "else", "unevaluatedItems", "unevaluatedProperties",
-)  # fmt: skip
-SCHEMA_MAPS = ("properties", "patternProperties", "dependentSchemas", "dependencies", "$defs",
-               "definitions")  # fmt: skip
-SCHEMA_LISTS = ("allOf", "anyOf", "oneOf", "prefixItems", "items")
+# Keywords whose value is data, never rewritten (a "pattern" key inside a const is data).
+DATA_KEYWORDS = frozenset({"const", "enum", "default", "examples"})
+# Keywords whose value maps names (not keywords) to subschemas.
+NAME_MAPS = frozenset(
+    {"properties", "patternProperties", "$defs", "definitions", "dependentSchemas", "dependencies"}
+)
+# A Python form past this many characters is not made: "^" + "\\p{L}" * 400 + "$" (2 kB)
+# became 4.9 MB that Python's re took 2 s to compile (the reviewer's case).
+MAX_PYTHON_PATTERN = 128 * 1024
+# Nesting the rewrite writes at most: "a" + "{1}" * 2000 nests 2,000 deep, past the
+# interpreter's recursion here and Python's re parser there; groups alone stop at 50.
+MAX_WRITE_DEPTH = 200
+CLASS_CHARACTERS = 22  # the most a range takes written: \UXXXXXXXX-\UXXXXXXXX
 
 
-@lru_cache(maxsize=1024)
 def python_pattern(pattern: str) -> str:
     """A Python ``re`` pattern that ``re.search`` matches in exactly the strings ECMA-262
     ``pattern`` (``u`` flag) matches, as the grammar reads it.
 
     Raises:
-        GrammarError: ``pattern`` is malformed or uses what the grammar does not support.
-    Costs O(len(pattern)) plus the class ranges written (a ``\\p{L}`` is about 650 ranges,
-    13 kB of pattern text); cached for 1,024 patterns.
+        GrammarError: ``pattern`` is malformed, uses what the grammar does not support, or
+            its Python form would pass :data:`MAX_PYTHON_PATTERN` characters.
+    Costs O(len(pattern)) plus the class ranges written; cached (failures too) for 256
+    patterns (at most 32 MB of forms).
     """
+    result = _translation(pattern)
+    if isinstance(result, GrammarError):
+        raise result
+    return result
+
+
+@lru_cache(maxsize=256)
+def _translation(pattern: str) -> str | GrammarError:
     parser = _RangeParser(pattern)
-    branches = []
-    for branch in parser.parse_branches():
-        start = "\\A" if branch.anchored_start else ""
-        end = "\\Z" if branch.anchored_end else ""
-        branches.append(f"{start}(?:{parser.write(branch.node)}){end}")
-    return "|".join(branches)
+    try:
+        branches = parser.parse_branches()
+        size = sum(CLASS_CHARACTERS * min(len(s), len(complement(s))) for s in parser.sets)
+        if size > MAX_PYTHON_PATTERN:
+            return parser.error(f"its Python form would pass {MAX_PYTHON_PATTERN:,} characters")
+        parts = []
+        for branch in branches:
+            start = "\\A" if branch.anchored_start else ""
+            end = "\\Z" if branch.anchored_end else ""
+            parts.append(f"{start}(?:{parser.write(branch.node)}){end}")
+    except GrammarError as error:
+        return error
+    return "|".join(parts)
 
 
 def is_ecma_regex(instance: object) -> bool:
-    """The ``regex`` format as ECMA-262 defines it: ``True`` for a non-string or a pattern
-    the grammar reads; a pattern it cannot read (lookahead, a backreference) is judged by
-    Python's ``re``. Python's own check refused ``\\p{Letter}`` and ``\\cC``, which JSON
-    Schema allows and the grammar supports.
+    """The ``regex`` format: ``True`` for a non-string or a pattern the grammar reads as
+    ECMA-262; a pattern it cannot read (lookahead, a backreference, but also Python-only
+    syntax such as ``(?i)``) is judged by Python's ``re``. Python's own check refused
+    ``\\p{Letter}`` and ``\\cC``, which JSON Schema allows and the grammar supports.
 
     Raises:
         re.error, OverflowError: Python cannot read it either (the format check's failure).
-    Costs one parse of the pattern (cached)."""
+    Costs one parse of the pattern (no Python form is written)."""
     if not isinstance(instance, str):
         return True
     try:
-        python_pattern(instance)
+        _RangeParser(instance).parse_branches()
     except GrammarError:
         re.compile(instance)
     return True
@@ -87,18 +111,16 @@ def with_ecma_regex(checker: FormatChecker) -> FormatChecker:
 
 
 def python_pattern_or_same(pattern: str) -> str:
-    """:func:`python_pattern`, or ``pattern`` itself where the grammar cannot read it."""
-    try:
-        return python_pattern(pattern)
-    except GrammarError:
-        return pattern
+    """:func:`python_pattern`, or ``pattern`` itself where it raises."""
+    result = _translation(pattern)
+    return pattern if isinstance(result, GrammarError) else result
 
 
 def is_pattern_match(pattern: str, name: str) -> bool:
     """Whether a patternProperties regex matches a declared name, read as ECMA-262 as the
-    grammar reads it (:func:`python_pattern`); a pattern neither the
-    grammar nor Python can read matches nothing here and the after-check decides. Costs one
-    regex search (the translation is cached)."""
+    grammar reads it (:func:`python_pattern`); a pattern neither the grammar nor Python can
+    read matches nothing here and the after-check decides. Costs one regex search (the
+    translation is cached)."""
     try:
         return re.search(python_pattern_or_same(pattern), name) is not None
     except re.error:
@@ -108,45 +130,91 @@ def is_pattern_match(pattern: str, name: str) -> bool:
 def with_python_patterns(schema: Any) -> tuple[Any, dict[str, str]]:
     """A copy of ``schema`` whose ``pattern`` values and ``patternProperties`` names are
     rewritten by :func:`python_pattern_or_same`, and the map from each rewritten pattern to
-    the original (to name the original in messages). Only schema positions are walked
-    (``properties``, ``items``, ``allOf``, ``$defs``, ...); a pattern-shaped key inside
-    ``const`` or ``enum`` is data and stays. ``schema`` is not changed.
+    its original (one to one: two spellings of one language, ``^[0-9]$`` and ``^\\d$``, get
+    two forms, the second ending in ``(?:)``, so neither a ``patternProperties`` entry nor a
+    message's pattern is lost). Every object is read as a schema but data (``const``,
+    ``enum``, ``default``, ``examples``), so a ``$ref`` into ``#/components/...`` meets a
+    rewritten pattern too; a same-document ``$ref`` through a renamed ``patternProperties``
+    name is renamed with it. ``schema`` is not changed.
 
     Costs one walk of the schema plus one translation per distinct pattern.
     """
-    originals: dict[str, str] = {}
-    return _rewrite(schema, originals), originals
+    rewriter = _Rewriter()
+    copy = rewriter.walk(schema, None)
+    rewriter.rename_references()
+    return copy, rewriter.originals
 
 
-def _rewrite(schema: Any, originals: dict[str, str]) -> Any:
-    if not isinstance(schema, dict):
-        return schema
-    copy = dict(schema)
-    pattern = schema.get("pattern")
-    if isinstance(pattern, str):
-        copy["pattern"] = _translated(pattern, originals)
-    for keyword in SCHEMA_SINGLES:
-        if isinstance(schema.get(keyword), dict):
-            copy[keyword] = _rewrite(schema[keyword], originals)
-    for keyword in SCHEMA_LISTS:
-        if isinstance(schema.get(keyword), list):
-            copy[keyword] = [_rewrite(item, originals) for item in schema[keyword]]
-    for keyword in SCHEMA_MAPS:
-        children = schema.get(keyword)
-        if isinstance(children, dict):
-            copy[keyword] = {name: _rewrite(sub, originals) for name, sub in children.items()}
-    patterns = copy.get("patternProperties")
-    if isinstance(patterns, dict):
-        copy["patternProperties"] = {
-            _translated(name, originals): sub for name, sub in patterns.items()
-        }
-    return copy
+class _Rewriter:
+    """One schema's rewrite: its forms, the renamed maps and the references to revisit."""
+
+    def __init__(self) -> None:
+        self.originals: dict[str, str] = {}  # rewritten -> original
+        self.rewritten: dict[str, str] = {}  # original -> rewritten
+        self.pattern_maps: set[int] = set()  # ids of the rewritten patternProperties maps
+        self.references: list[tuple[dict[str, Any], Any]] = []  # ($ref's schema, its resource)
+
+    def walk(self, node: Any, resource: Any) -> Any:
+        if isinstance(node, list):
+            return [self.walk(item, resource) for item in node]
+        if not isinstance(node, dict):
+            return node
+        copy: dict[str, Any] = {}
+        if isinstance(node.get("$id"), str) or resource is None:
+            resource = copy  # where a "#/..." pointer of this schema starts
+        for key, value in node.items():
+            if key in DATA_KEYWORDS:
+                copy[key] = value
+            elif key == "pattern" and isinstance(value, str):
+                copy[key] = self.translated(value)
+            elif key in NAME_MAPS and isinstance(value, dict):
+                copy[key] = self.names(key, value, resource)
+            else:
+                copy[key] = self.walk(value, resource)
+        if isinstance(node.get("$ref"), str) and node["$ref"].startswith("#/"):
+            self.references.append((copy, resource))
+        return copy
+
+    def names(self, keyword: str, value: dict[str, Any], resource: Any) -> dict[str, Any]:
+        children = {name: self.walk(sub, resource) for name, sub in value.items()}
+        if keyword != "patternProperties":
+            return children
+        renamed = {self.translated(name): sub for name, sub in children.items()}
+        self.pattern_maps.add(id(renamed))
+        return renamed
+
+    def translated(self, pattern: str) -> str:
+        known = self.rewritten.get(pattern)
+        if known is not None:
+            return known
+        form = python_pattern_or_same(pattern)
+        while form in self.originals:  # another spelling of the same language
+            form += "(?:)"
+        self.originals[form] = pattern
+        self.rewritten[pattern] = form
+        return form
+
+    def rename_references(self) -> None:
+        """Each ``"#/..."`` reference through a renamed ``patternProperties`` name, renamed:
+        ``#/patternProperties/^a`` pointed nowhere once ``^a`` had its Python name."""
+        for schema, resource in self.references:
+            node, parts = resource, []
+            for part in schema["$ref"][2:].split("/"):
+                name = unquote(part).replace("~1", "/").replace("~0", "~")
+                if isinstance(node, dict) and id(node) in self.pattern_maps:
+                    name = self.rewritten.get(name, name)
+                    part = quote(name.replace("~", "~0").replace("/", "~1"), safe="")
+                parts.append(part)
+                node = _child(node, name)
+            schema["$ref"] = "#/" + "/".join(parts)
 
 
-def _translated(pattern: str, originals: dict[str, str]) -> str:
-    rewritten = python_pattern_or_same(pattern)
-    originals[rewritten] = pattern
-    return rewritten
+def _child(node: Any, name: str) -> Any:
+    if isinstance(node, dict):
+        return node.get(name)
+    if isinstance(node, list) and name.isdigit() and int(name) < len(node):
+        return node[int(name)]
+    return None
 
 
 class _RangeParser(EcmaScriptParser):
@@ -164,18 +232,25 @@ class _RangeParser(EcmaScriptParser):
     def literal_node(self, character: str) -> Node:
         return self.set_node([(ord(character), ord(character))])
 
-    def write(self, node: Node) -> str:
+    def write(self, node: Node, depth: int = 0) -> str:
         """The Python text of ``node`` (built by this parser: sets, sequences, choices,
-        repeats and the empty string)."""
+        repeats and the empty string).
+
+        Raises:
+            GrammarError: nested past :data:`MAX_WRITE_DEPTH` (only chained quantifiers get
+                there: groups stop at 50)."""
+        if depth > MAX_WRITE_DEPTH:
+            raise self.error("quantifiers chained too deeply to rewrite")
         if isinstance(node, RuleReference):
             return _class_text(self.sets[int(node.name)])
         if isinstance(node, Sequence):
-            return "".join(self.write(item) for item in node.items)
+            return "".join(self.write(item, depth + 1) for item in node.items)
         if isinstance(node, Choice):
-            return "(?:" + "|".join(self.write(option) for option in node.options) + ")"
+            options = (self.write(option, depth + 1) for option in node.options)
+            return "(?:" + "|".join(options) + ")"
         if isinstance(node, Repeat):
             maximum = "" if node.maximum is None else str(node.maximum)
-            return f"(?:{self.write(node.item)}){{{node.minimum},{maximum}}}"
+            return f"(?:{self.write(node.item, depth + 1)}){{{node.minimum},{maximum}}}"
         if node == EMPTY:
             return ""
         raise GrammarError(f"regex: no Python form for {type(node).__name__}")  # not reached
