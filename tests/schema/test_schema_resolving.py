@@ -163,3 +163,37 @@ def test_sample_schemas_compile_alike_with_and_without_root_pointers(
     monkeypatch.setattr(resolving, "has_identifiers", lambda root: True)
     for schema, answer in zip(schemas, fast, strict=True):
         assert compile_all(schema) == answer
+
+
+def test_an_all_of_target_keeps_its_own_base() -> None:
+    # The allOf branch's target lives in sub/a.json: its "b.json" is sub/b.json (an integer),
+    # not the root's b.json (a string), though the merge is compiled under the root's base.
+    schema = {
+        "$id": "https://example.com/root.json",
+        "$defs": {
+            "A": {
+                "$id": "https://example.com/sub/a.json",
+                "type": "object",
+                "properties": {"b": {"$ref": "b.json"}, "c": {"$ref": "#/$defs/C"}},
+                "required": ["b"],
+                "$defs": {"C": {"type": "boolean"}},
+            },
+            "B": {"$id": "https://example.com/sub/b.json", "type": "integer"},
+            "Wrong": {"$id": "https://example.com/b.json", "type": "string"},
+        },
+        "allOf": [{"$ref": "sub/a.json"}],
+    }
+    accepts = accepts_under(schema)
+    assert accepts({"b": 1}) and accepts({"b": 1, "c": True})
+    assert not accepts({"b": "x"}) and not accepts({"b": 1, "c": 1})
+
+
+def test_absolute_references_leave_data_alone() -> None:
+    schema = {"$id": "d/", "properties": {"x": {"$ref": "x.json", "const": {"$ref": "y"}}}}
+    copy = resolving.absolute_references(schema, "https://example.com/")
+    assert copy["$id"] == "https://example.com/d/"
+    assert copy["properties"]["x"] == {
+        "$ref": "https://example.com/d/x.json",
+        "const": {"$ref": "y"},
+    }
+    assert schema["properties"]["x"]["$ref"] == "x.json"

@@ -38,7 +38,13 @@ from formline.schema.merge import (
 from formline.schema.metaschema import format_checker
 from formline.schema.objects import object_value
 from formline.schema.report import SchemaError, SchemaReport, escape_pointer
-from formline.schema.resolving import LazyResolver, has_identifiers, pointer_target, resolver_of
+from formline.schema.resolving import (
+    LazyResolver,
+    absolute_references,
+    has_identifiers,
+    pointer_target,
+    resolver_of,
+)
 from formline.schema.reuse import Reused, SubschemaMemo, moved, resolution_base
 from formline.schema.values import typed_value
 
@@ -417,13 +423,19 @@ class SchemaCompiler:
         return self.value(merged, pointer, resolver, depth + 1)
 
     def _inline_references(self, schema: Schema, pointer: str, resolver: Any) -> Schema:
-        """Follow ``$ref`` chains of an allOf branch so it merges as a plain object."""
+        """Follow ``$ref`` chains of an allOf branch so it merges as a plain object, its
+        references made absolute where the target's base differs (the merge is compiled
+        under the branch's parent's)."""
+        outer = resolution_base(resolver)
         for _ in range(self.options.max_depth):
             if "$ref" not in schema:
                 return schema
             target, resolver, _ = self.resolve(schema, pointer, resolver)
             rest = {key: value for key, value in schema.items() if key != "$ref"}
             target = as_object(target, pointer)
+            base = resolution_base(resolver)
+            if base != outer and isinstance(base, str):
+                target = absolute_references(target, base)
             if self.is_draft7:
                 rest = {}
             schema, notes = merge(dict(target), rest, pointer)

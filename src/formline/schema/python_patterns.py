@@ -34,9 +34,8 @@ from jsonschema import FormatChecker
 from formline.grammar.ir import EMPTY, Choice, GrammarError, Node, Repeat, RuleReference, Sequence
 from formline.grammar.utf8 import CodePointRanges, complement
 from formline.schema.patterns import EcmaScriptParser
+from formline.schema.resolving import DATA_KEYWORDS
 
-# Keywords whose value is data, never rewritten (a "pattern" key inside a const is data).
-DATA_KEYWORDS = frozenset({"const", "enum", "default", "examples"})
 # Keywords whose value maps names (not keywords) to subschemas.
 NAME_MAPS = frozenset(
     {"properties", "patternProperties", "$defs", "definitions", "dependentSchemas", "dependencies"}

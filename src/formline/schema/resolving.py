@@ -6,7 +6,7 @@ without a lookup (:meth:`SchemaCompiler.resolve <formline.schema.compiler.Schema
 from __future__ import annotations
 
 from typing import Any
-from urllib.parse import unquote
+from urllib.parse import unquote, urljoin
 
 from jsonschema_specifications import REGISTRY as SPECIFICATIONS
 from referencing import Resource
@@ -20,6 +20,8 @@ IDENTIFIER_KEYWORDS = frozenset(("$id", "$anchor", "$dynamicAnchor"))
 # and sent every "#/..." reference through a lookup instead of the root pointer path
 # (Github_hard o83846, no "$schema": schema-to-IR 4.35 -> 3.45 ms).
 LEGACY_DIALECTS = ("draft-03/schema", "draft-04/schema")
+# Keywords whose value is data, never a schema (a "$ref" or "pattern" key inside is data).
+DATA_KEYWORDS = frozenset({"const", "enum", "default", "examples"})
 
 
 def has_identifiers(root: Any) -> bool:
@@ -51,6 +53,33 @@ def has_identifiers(root: Any) -> bool:
         elif isinstance(node, list):
             pending.extend(value for value in node if isinstance(value, dict | list))
     return False
+
+
+def absolute_references(schema: Any, base: str) -> Any:
+    """A copy of ``schema`` (read under ``base``) whose ``$ref`` and ``$id`` strings are
+    absolute URIs, so that it means the same wherever it is placed: an ``allOf`` branch's
+    ``$ref`` target merged into its parent is compiled under the parent's base, where the
+    target's ``"b.json"`` named another resource (the grammar wrote the wrong schema's
+    values). Data (``const``, ``enum``, ``default``, ``examples``) is copied as it is.
+    ``schema`` is not changed. Costs one walk of it."""
+    if isinstance(schema, list):
+        return [absolute_references(item, base) for item in schema]
+    if not isinstance(schema, dict):
+        return schema
+    identifier = schema.get("$id")
+    if isinstance(identifier, str):
+        base = urljoin(base, identifier)
+    copy: dict[str, Any] = {}
+    for key, value in schema.items():
+        if key in DATA_KEYWORDS:
+            copy[key] = value
+        elif key == "$id" and isinstance(value, str):
+            copy[key] = base
+        elif key == "$ref" and isinstance(value, str):
+            copy[key] = urljoin(base, value)
+        else:
+            copy[key] = absolute_references(value, base)
+    return copy
 
 
 def base_uri_of(root: Any) -> str:
