@@ -36,7 +36,8 @@ from formline.schema.api import (
     schema_of,
 )
 from formline.schema.closing import close_objects
-from formline.schema.compiler import SchemaOptions, check_nesting
+from formline.schema.compiler import SchemaOptions
+from formline.schema.nesting import check_nesting
 from formline.schema.report import SchemaError
 from formline.vocab import Vocabulary
 

@@ -23,13 +23,9 @@ from formline.mask.reference import brute_force_allowed_ids
 from formline.parser.pushdown import build_pushdown, build_pushdown_reference
 from formline.schema import SchemaError, objects, schema_grammar, schema_to_grammar
 from formline.schema.api import compile_schema, serialize_like_schema
-from formline.schema.compiler import (
-    MAX_INTEGER_BITS,
-    SchemaCompiler,
-    SchemaOptions,
-    check_nesting,
-)
+from formline.schema.compiler import SchemaCompiler, SchemaOptions
 from formline.schema.json_text import NOTHING, string_body_except
+from formline.schema.nesting import MAX_INTEGER_BITS, check_nesting
 from formline.schema.patterns import length_node
 from formline.schema.report import KeywordUse, SchemaReport
 

@@ -20,6 +20,7 @@ from formline.grammar.budget import CompileBudget, CompileLimitError, Deadline
 from formline.grammar.ir import Grammar, GrammarError
 from formline.mask import GrammarMatcher, allocate_token_bitmask, compile_grammar
 from formline.mask.compiler import CompileCache
+from formline.parser.pushdown import build_pushdown
 from formline.schema import SchemaError, compile_schema, schema_of, schema_to_grammar
 from formline.vocab import Vocabulary
 
@@ -242,3 +243,21 @@ def test_a_malformed_value_is_a_schema_error_not_a_crash(schema: Any, fragment: 
 def test_a_number_past_double_range_in_json_text_is_refused() -> None:
     with pytest.raises(SchemaError, match="not a JSON number"):
         schema_to_grammar(schema_of('{"const": 1e999}'))  # Python reads it as inf
+
+
+def test_a_non_finite_annotation_is_allowed() -> None:
+    # A Pydantic model's float("inf") default: the grammar never writes a default.
+    model = {
+        "type": "object",
+        "properties": {
+            "x": {"type": "number", "default": float("inf"), "examples": [float("nan")]},
+            "default": {"type": "integer"},  # a property named default holds a schema
+        },
+    }
+    grammar, _ = schema_to_grammar(model)
+    assert build_pushdown(grammar).matches(b'{"x":1.5,"default":2}')
+    named = {"type": "object", "properties": {"default": {"const": float("nan")}}}
+    with pytest.raises(SchemaError, match="not a JSON number"):
+        schema_to_grammar(named)
+    with pytest.raises(SchemaError, match="at /properties/x/minimum"):
+        schema_to_grammar({"properties": {"x": {"default": 1, "minimum": float("-inf")}}})

@@ -25,11 +25,11 @@ from formline.mask.compiler import CompileCache, check_vocabulary, default_cache
 from formline.mask.matcher import GrammarMatcher
 from formline.schema.compiler import (
     SchemaOptions,
-    check_nesting,
     compile_to_grammar,
     root_resolver,
 )
 from formline.schema.metaschema import check_schema, format_checker
+from formline.schema.nesting import check_nesting
 from formline.schema.ordering import order_like_schema
 from formline.schema.python_patterns import with_python_patterns
 from formline.schema.report import PackedReport, SchemaError, SchemaReport

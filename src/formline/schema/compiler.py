@@ -10,7 +10,6 @@ Every keyword is recorded in the :class:`~formline.schema.report.SchemaReport`.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from math import isfinite
 from typing import Any
 
 from jsonschema import Draft7Validator, Draft202012Validator
@@ -36,8 +35,9 @@ from formline.schema.merge import (
     type_set,
 )
 from formline.schema.metaschema import format_checker
+from formline.schema.nesting import check_nesting
 from formline.schema.objects import object_value
-from formline.schema.report import SchemaError, SchemaReport, escape_pointer
+from formline.schema.report import SchemaError, SchemaReport
 from formline.schema.resolving import (
     LazyResolver,
     absolute_references,
@@ -93,8 +93,6 @@ UNSUPPORTED = frozenset(("$dynamicRef", "$dynamicAnchor", "$recursiveRef", "$rec
 HANDLED = frozenset(
     {"type", "enum", "const", "$ref", "allOf", "anyOf", "oneOf", "nullable"} | ALL_TYPE_KEYWORDS
 )
-MAX_INTEGER_DIGITS = 4_000  # under Python's str() limit of 4,300
-MAX_INTEGER_BITS = 13_287  # 2**13287 has 4,000 digits
 # The formats each older draft defines, of those formline's grammar knows (2019-09 and
 # 2020-12 define them all); the report notes one enforced outside its draft.
 DRAFT_FORMATS: dict[str, frozenset[str]] = {
@@ -485,83 +483,6 @@ class SchemaCompiler:
             )
         # JSON Schema equality: 1 and 1.0 are one value; literal() writes both spellings.
         return choice([self.text.literal(value) for value in values])
-
-
-def check_nesting(root: Any, limit: int) -> None:
-    """Refuse JSON nested deeper than ``limit`` before anything recurses into it (the
-    ``referencing`` crawl and the compiler recurse per level: 200 levels overflowed),
-    integers too long to print (Python refuses ``str()`` of more than 4,300 digits, so such
-    a bound used to fail as a bare ``ValueError`` in the cache key), and numbers that are
-    not JSON (Python reads ``1e999`` as inf and accepts NaN: a ``const`` the grammar wrote
-    as ``Infinity``), wherever they are. Iterative; O(size).
-    The JSON pointer of the error is found by a second walk: built for every node, the
-    pointers were most of this check's 0.2 ms on a median schema."""
-    if not _is_nesting_within(root, limit):
-        _raise_nesting_error(root, limit)
-
-
-def _is_nesting_within(root: Any, limit: int) -> bool:
-    """:func:`check_nesting`'s walk: whether every value of ``root`` lies at most ``limit``
-    levels deep and every integer prints. Containers are pushed with their depth in a list
-    beside them, scalars tested where they are met: with a generator of (value, depth)
-    pairs per container the walk took 53 µs of meltano.schema, 71 of Github_ultra o65417
-    (22 and 28 now), and it runs twice a compile (before the cache key and in the
-    compiler)."""
-    pending = [root]
-    depths = [0]
-    while pending:
-        node = pending.pop()
-        depth = depths.pop()
-        if depth > limit:
-            return False
-        if isinstance(node, dict):
-            children: Any = node.values()
-        elif isinstance(node, list | tuple):  # a tuple is an array to the JSON dump too
-            children = node
-        elif (isinstance(node, int) and node.bit_length() > MAX_INTEGER_BITS) or (
-            isinstance(node, float) and not isfinite(node)
-        ):
-            return False
-        else:
-            continue
-        deeper = depth + 1
-        for child in children:
-            if isinstance(child, dict | list | tuple):
-                pending.append(child)
-                depths.append(deeper)
-            elif deeper > limit or (
-                isinstance(child, int) and child.bit_length() > MAX_INTEGER_BITS
-            ):
-                return False
-            elif isinstance(child, float) and not isfinite(child):
-                return False  # Python reads 1e999 as inf: a const the grammar would write
-    return True
-
-
-def _raise_nesting_error(root: Any, limit: int) -> None:
-    """:func:`check_nesting`'s error, with the pointer of the first offending value."""
-    pending = [(root, 0, "")]
-    while pending:
-        node, depth, pointer = pending.pop()
-        if depth > limit:
-            raise SchemaError(f"schema nested deeper than {limit} JSON levels", pointer)
-        if isinstance(node, dict):
-            pending.extend(
-                (value, depth + 1, f"{pointer}/{escape_pointer(str(key))}")
-                for key, value in node.items()
-            )
-        elif isinstance(node, list | tuple):
-            pending.extend(
-                (value, depth + 1, f"{pointer}/{index}") for index, value in enumerate(node)
-            )
-        elif isinstance(node, int) and node.bit_length() > MAX_INTEGER_BITS:
-            raise SchemaError(
-                f"an integer of more than {MAX_INTEGER_DIGITS:,} digits", pointer or "/"
-            )
-        elif isinstance(node, float) and not isfinite(node):
-            raise SchemaError(
-                f"{node} is not a JSON number (a number past 1.8e308, or NaN)", pointer or "/"
-            )
 
 
 def draft_of(root: Any) -> tuple[Any, bool]:

@@ -30,7 +30,7 @@ from typing import Any, Literal
 from urllib.parse import unquote
 
 from formline.schema.api import schema_grammar, schema_of
-from formline.schema.compiler import check_nesting
+from formline.schema.nesting import check_nesting
 from formline.schema.report import SchemaError
 
 Severity = Literal["warning", "error"]
