@@ -651,3 +651,45 @@ def test_an_unpacked_report_equals_the_packed_one_and_knows_its_uses() -> None:
     assert first not in unpacked.enforced
     unpacked.add("enforced", *first)  # withdrawn, so new again
     assert unpacked.enforced.count(first) == 1 and SchemaReport.unpack(packed) == report
+
+
+@pytest.mark.parametrize(
+    ("child", "valid", "invalid"),
+    [
+        # FastAPI / Pydantic v1's form of a described child: allOf of one $ref.
+        (
+            {"allOf": [{"$ref": "#/$defs/node"}], "description": "the child"},
+            [{"next": {"next": {"v": 3}}}, {"v": 1}],
+            [{"next": {"next": {"v": "x"}}}, {"next": {"w": 1}}],
+        ),
+        # A $ref with a sibling inside its own target: its allOf form met again.
+        (
+            {"$ref": "#/$defs/node", "maxProperties": 1},
+            [{"next": {"next": {}}}, {"next": {"v": 2}, "v": 1}],
+            [{"next": {"next": {}, "v": 1}}],
+        ),
+        # Two branches, one a recursive $ref.
+        (
+            {"allOf": [{"$ref": "#/$defs/node"}, {"required": ["v"]}]},
+            [{"next": {"next": {"v": 2}, "v": 1}}, {}],
+            [{"next": {}}, {"next": {"next": {}, "v": 1}}],
+        ),
+    ],
+)
+def test_recursion_through_an_all_of_merge_is_a_rule(
+    child: Any, valid: list[Any], invalid: list[Any]
+) -> None:
+    # Each was unrolled until "schema nested deeper than 64": a valid schema refused.
+    node = {
+        "type": "object",
+        "properties": {"next": child, "v": {"type": "integer"}},
+        "additionalProperties": False,
+    }
+    schema = {"$defs": {"node": node}, "$ref": "#/$defs/node"}
+    accepts = language(schema)
+    for value in valid:
+        assert accepts(value), value
+        assert next(jsonschema.Draft202012Validator(schema).iter_errors(value), None) is None
+    for value in invalid:
+        assert not accepts(value), value
+        assert next(jsonschema.Draft202012Validator(schema).iter_errors(value), None) is not None

@@ -165,6 +165,9 @@ class SchemaCompiler:
         self.reference_counts: dict[str, int] = {}
         self.uses_any_value = False
         self.forced_called: set[str] = set()
+        # The allOf merges being compiled: (id of the schema met, base) -> (it, rule name).
+        self.merging: dict[tuple[int, Any], tuple[Any, str]] = {}
+        self.merge_count = 0
         # A big string value -> None once met, then its called rule (see shared_string).
         self.string_rules: dict[Node, Node | None] = {}
         self.memo = SubschemaMemo()
@@ -360,7 +363,7 @@ class SchemaCompiler:
         if siblings:  # 2020-12: $ref and its siblings both apply
             rest = dict(siblings)
             rest["allOf"] = [*rest.get("allOf", []), {"$ref": schema["$ref"]}]
-            return self.all_of(rest, pointer, resolver, depth)
+            return self.all_of(rest, pointer, resolver, depth, source=schema)
         key = id(target)
         name = self.reference_rules.get(key)
         if name is None:
@@ -403,7 +406,37 @@ class SchemaCompiler:
         )
 
     # ------------------------------------------------------------------ combinators
-    def all_of(self, schema: Schema, pointer: str, resolver: Any, depth: int) -> Node:
+    def all_of(
+        self, schema: Schema, pointer: str, resolver: Any, depth: int, source: Any = None
+    ) -> Node:
+        """The merge of ``schema``'s branches. Met again while its merge compiles (its
+        branches reach back to it: FastAPI's ``{"allOf": [{"$ref": "#/$defs/Node"}]}`` on a
+        tree's child, or a ``$ref`` with a sibling inside its own target), it becomes a rule
+        that calls itself; unrolled, it ran into the depth limit and a valid recursive schema
+        was refused. ``source``: the schema object met (a ``$ref`` with siblings passes
+        itself; its allOf form is made anew at each visit)."""
+        key = (id(source if source is not None else schema), resolution_base(resolver))
+        entry = self.merging.get(key)
+        if entry is not None:
+            name = entry[1]
+            self.reference_counts.setdefault(name, 0)
+            self.forced_called.add(name)  # a rule that reaches itself is called, not copied
+            self.count_reference(name)
+            return RuleReference(name)
+        self.merge_count += 1
+        # The object stays referenced while its key is in use: an id is never reused then.
+        self.merging[key] = (source if source is not None else schema, f"merge{self.merge_count}")
+        try:
+            body = self._merge_all_of(schema, pointer, resolver, depth)
+        finally:
+            _, name = self.merging.pop(key)
+        if name not in self.reference_counts:  # never met again: inline, as before
+            return body
+        self.rules[name] = body
+        self.count_reference(name)
+        return RuleReference(name)
+
+    def _merge_all_of(self, schema: Schema, pointer: str, resolver: Any, depth: int) -> Node:
         branches = schema["allOf"]
         if not isinstance(branches, list) or not branches:
             raise SchemaError("allOf must be a non-empty array", pointer, "allOf")
