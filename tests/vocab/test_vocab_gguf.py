@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pathlib
+import struct
 from collections.abc import Sequence
 
 import gguf
@@ -175,14 +176,46 @@ class TestErrors:
         with pytest.raises(VocabularyError, match=r"e\.gguf.*eos_token_id = 9"):
             Vocabulary.from_gguf(path)
 
+    def test_nested_arrays_and_repeated_keys_are_named(self, tmp_path: pathlib.Path) -> None:
+        # Crafted by hand: gguf's writer makes neither. 5,000 nested arrays raised
+        # RecursionError; a second token list replaced the first without a word.
+        def text(value: bytes) -> bytes:
+            return struct.pack("<Q", len(value)) + value
+
+        def entry(key: bytes, value_type: int, payload: bytes) -> bytes:
+            return text(key) + struct.pack("<I", value_type) + payload
+
+        def token_list(tokens: list[bytes]) -> bytes:
+            return struct.pack("<IQ", 8, len(tokens)) + b"".join(text(t) for t in tokens)
+
+        tokenizer = [
+            entry(b"tokenizer.ggml.model", 8, text(b"gpt2")),
+            entry(b"tokenizer.ggml.tokens", 9, token_list([b"a", b"b"])),
+            entry(b"tokenizer.ggml.eos_token_id", 4, struct.pack("<I", 1)),
+        ]
+        nested = struct.pack("<IQ", 9, 1) * 5_000 + struct.pack("<IQ", 4, 0)
+        cases = {
+            "nested": ([entry(b"x", 9, nested), *tokenizer], "arrays nested more than 4 deep"),
+            "twice": (
+                [*tokenizer, entry(b"tokenizer.ggml.tokens", 9, token_list([b"z"] * 3))],
+                "'tokenizer.ggml.tokens' appears twice",
+            ),
+        }
+        for name, (entries, message) in cases.items():
+            path = tmp_path / f"{name}.gguf"
+            path.write_bytes(b"GGUF" + struct.pack("<IQQ", 3, 0, len(entries)) + b"".join(entries))
+            with pytest.raises(VocabularyError, match=message):
+                Vocabulary.from_gguf(path)
+
 
 class TestSmolLM2:
     def test_shape_and_specials(self, smollm2_vocab: Vocabulary) -> None:
         assert smollm2_vocab.size == 49_152
         # 17 CONTROL tokens (ids 0..16: <|endoftext|>, <|im_start|>, <|im_end|>, <repo_name>...)
         assert smollm2_vocab.special_ids == frozenset(range(17))
-        # eos_token_id = 2 (<|im_end|>); <|endoftext|> (0) is a CONTROL end-of-generation marker
-        assert smollm2_vocab.eos_ids == frozenset({0, 2})
+        # eos_token_id = 2 (<|im_end|>); <|endoftext|> (0) ends a generation, and so does
+        # <reponame> (4), a fill-in-the-middle repo marker, as in llama.cpp
+        assert smollm2_vocab.eos_ids == frozenset({0, 2, 4})
         assert smollm2_vocab.token_bytes[1] == b"<|im_start|>"
 
     def test_byte_level_pieces(self, smollm2_vocab: Vocabulary) -> None:
@@ -213,12 +246,11 @@ class TestSmolLM2:
 class TestPhi3:
     def test_shape_and_specials(self, phi3_vocab: Vocabulary) -> None:
         assert phi3_vocab.size == 32_064
-        # eos_token_id = 32000 <|endoftext|>; <|end|> (32007) ends a chat turn.
-        assert phi3_vocab.eos_ids == frozenset({32_000, 32_007})
-        # <unk>, <s> (CONTROL), 32000..32010 (CONTROL), [PAD32011..32063] (UNKNOWN)
-        assert phi3_vocab.special_ids == frozenset({0, 1, *range(32_000, 32_064)})
-        # </s> is USER_DEFINED in this file (special=False in the HF tokenizer too)
-        assert 2 not in phi3_vocab.special_ids and phi3_vocab.token_bytes[2] == b"</s>"
+        # eos_token_id = 32000 <|endoftext|>; <|end|> (32007) ends a chat turn; </s> (2) is
+        # USER_DEFINED in this file, but llama.cpp makes it a control token that stops
+        assert phi3_vocab.eos_ids == frozenset({2, 32_000, 32_007})
+        # <unk>, <s> (CONTROL), </s>, 32000..32010 (CONTROL), [PAD32011..32063] (UNKNOWN)
+        assert phi3_vocab.special_ids == frozenset({0, 1, 2, *range(32_000, 32_064)})
         assert phi3_vocab.token_bytes[32_011:] == (b"",) * 53
 
     def test_byte_fallback_tokens_are_single_bytes(self, phi3_vocab: Vocabulary) -> None:
@@ -237,9 +269,10 @@ class TestPhi3:
 class TestQwen2:
     def test_shape_and_specials(self, qwen2_vocab: Vocabulary) -> None:
         assert qwen2_vocab.size == 151_936
-        assert qwen2_vocab.eos_ids == frozenset({151_643, 151_645})  # endoftext, im_end
+        # endoftext, im_end, and a normal "</s>" (128247) that llama.cpp makes a stop
+        assert qwen2_vocab.eos_ids == frozenset({128_247, 151_643, 151_645})
         # 3 CONTROL tokens, then 290 USER_DEFINED "[PAD151646]".. fillers treated as padding
-        assert qwen2_vocab.special_ids == frozenset(range(151_643, 151_936))
+        assert qwen2_vocab.special_ids == frozenset({128_247, *range(151_643, 151_936)})
         assert qwen2_vocab.token_bytes[151_644] == b"<|im_start|>"
         assert qwen2_vocab.token_bytes[151_646:] == (b"",) * 290
         single_bytes = {piece for piece in qwen2_vocab.token_bytes if len(piece) == 1}

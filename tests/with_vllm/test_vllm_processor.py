@@ -112,10 +112,11 @@ def test_rows_follow_accepted_tokens_moves_and_removals(
 def test_a_complete_value_ends_on_the_requests_own_stop_token(
     processor: FormlineLogitsProcessor,
 ) -> None:
-    """SmolLM2's tokenizer ends on 0 and 2; vLLM stops this request on 2 only."""
+    """SmolLM2's tokenizer ends on 0, 2 and 4 (<reponame>, a stop to llama.cpp); vLLM stops
+    this request on 2 only."""
     output = [token_of(processor, "red")]
     processor.update_state(update(1, add=[added(0, COLOURS, output, stop_token_ids=[2])]))
-    assert processor.vocabulary.eos_ids == {0, 2}
+    assert processor.vocabulary.eos_ids == {0, 2, 4}
     logits = torch.zeros(1, VOCABULARY_SIZE)
     processor.apply(logits)
     assert finite_ids(logits[0]) == [2]

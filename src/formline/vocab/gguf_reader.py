@@ -25,11 +25,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from formline.vocab.byte_decoding import SENTENCEPIECE_SPACE, decode_byte_level_piece
-from formline.vocab.vocabulary import (
-    VocabularyError,
-    is_end_of_generation_piece,
-    is_padding_piece,
-)
+from formline.vocab.special_texts import read_text_rules
+from formline.vocab.vocabulary import VocabularyError, is_padding_piece
 
 _WANTED_KEYS = (
     "general.architecture",
@@ -68,6 +65,7 @@ TOKEN_BYTE = 6
 # Token types whose ids may appear in grammar text; every other type (UNKNOWN,
 # CONTROL, UNUSED, and any type number this code does not know) is special.
 _TEXT_TOKEN_TYPES = frozenset({TOKEN_NORMAL, TOKEN_USER_DEFINED, TOKEN_BYTE})
+MAX_ARRAY_DEPTH = 4  # arrays of arrays in a header: none in real files
 _BYTE_TOKEN_PATTERN = re.compile(rb"<0x([0-9A-Fa-f]{2})>")
 _SENTENCEPIECE_SPACE = SENTENCEPIECE_SPACE.encode()
 
@@ -137,8 +135,10 @@ class _HeaderWalker:
         self.offset = offset
         return strings
 
-    def value(self, value_type: int, keep: bool) -> Any:
-        """Read one value of ``value_type``; arrays of scalars come back as lists."""
+    def value(self, value_type: int, keep: bool, depth: int = 0) -> Any:
+        """Read one value of ``value_type``; arrays of scalars come back as lists. Arrays
+        nest at most :data:`MAX_ARRAY_DEPTH` deep (real files never nest them: 5,000 levels
+        in 60 kB raised RecursionError)."""
         if value_type == _STRING_TYPE:
             return self.raw_string()
         if value_type in _SCALAR_FORMATS:
@@ -158,7 +158,13 @@ class _HeaderWalker:
             values = list(layout.unpack_from(self.buffer, self.offset)) if keep else []
             self.offset += layout.size
             return values
-        return [self.value(element_type, keep) for _ in range(count)]
+        if depth >= MAX_ARRAY_DEPTH:
+            raise self.fail(f"arrays nested more than {MAX_ARRAY_DEPTH} deep")
+        if not keep:  # walked, not kept: no list of 2 million empty lists
+            for _ in range(count):
+                self.value(element_type, keep, depth + 1)
+            return []
+        return [self.value(element_type, keep, depth + 1) for _ in range(count)]
 
 
 def _read_header_keys(buffer: Any, path: str) -> dict[str, Any]:
@@ -177,8 +183,12 @@ def _read_header_keys(buffer: Any, path: str) -> dict[str, Any]:
     walker.scalar("Q")  # tensor count
     key_count = walker.scalar("Q")
     found: dict[str, Any] = {}
+    seen: set[str] = set()
     for _ in range(key_count):
         key = walker.raw_string().decode("utf-8", errors="replace")
+        if key in seen:  # a second tokenizer.ggml.tokens replaced the first
+            raise VocabularyError(f"{path}: GGUF key {key!r} appears twice in the header")
+        seen.add(key)
         value_type = walker.scalar("I")
         wanted = key in _WANTED_KEYS
         value = walker.value(value_type, keep=wanted)
@@ -330,9 +340,10 @@ def gguf_token_bytes(tokenizer: GGUFTokenizer) -> tuple[list[bytes], set[int], s
       vocabulary up to the model's logits size, typed USER_DEFINED or UNKNOWN
       depending on the converter's version) → ``b""`` and special.
 
-    Eos ids: ``tokenizer.ggml.eos_token_id``, ``eot_token_id`` and ``eom_token_id``,
-    plus every CONTROL token whose text is a well-known end-of-generation marker
-    (``END_OF_GENERATION_TEXTS``, the list llama.cpp uses for its EOG set).
+    Eos ids: ``tokenizer.ggml.eos_token_id``, ``eot_token_id`` and ``eom_token_id``.
+    Then llama.cpp's text rules (:mod:`formline.vocab.special_texts`): a token whose text
+    is an end-of-generation or fill-in-the-middle marker is special whatever its type, the
+    end markers stop, and the two workarounds that make ``<|end|>`` or ``</s>`` ordinary.
     Raises VocabularyError naming the path and token id on an unsupported model
     type, a malformed BYTE token, a non-UTF-8 byte-level token or an eos id out
     of range. Cost: O(total token text), about 0.07 s for 151k tokens.
@@ -351,7 +362,8 @@ def gguf_token_bytes(tokenizer: GGUFTokenizer) -> tuple[list[bytes], set[int], s
         token_bytes.append(_decode_token(text, token_type, token_id, decode_normal, tokenizer))
         if token_type not in _TEXT_TOKEN_TYPES:
             special_ids.add(token_id)
-            if token_type == TOKEN_CONTROL and is_end_of_generation_piece(text):
-                eos_ids.add(token_id)
     eos_ids.update(_declared_eos_ids(tokenizer))
-    return token_bytes, eos_ids, special_ids
+    rules = read_text_rules(tokenizer.tokens, eos_ids)
+    for token_id in rules.ordinary:  # llama.cpp writes its text, as a user-defined token
+        token_bytes[token_id] = tokenizer.tokens[token_id]
+    return token_bytes, rules.stopping, (special_ids | rules.special) - rules.ordinary

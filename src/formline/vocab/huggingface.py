@@ -24,9 +24,9 @@ from formline.vocab.byte_decoding import (
     decode_sentencepiece_piece,
     is_byte_level_piece,
 )
+from formline.vocab.special_texts import read_text_rules
 from formline.vocab.vocabulary import (
     VocabularyError,
-    is_end_of_generation_piece,
     is_padding_piece,
 )
 
@@ -83,15 +83,11 @@ def detect_encoding(tokenizer: Any, pieces: list[str | None], added: set[int]) -
     )
 
 
-def _eos_ids(tokenizer: Any, added: dict[int, tuple[str, bool]], size: int) -> set[int]:
-    """Return ``eos_token_id`` plus the special added tokens that end a generation turn.
-
-    The extra stop tokens are the *special* added tokens whose text is in
-    END_OF_GENERATION_TEXTS (``<|im_end|>``, ``<|eot_id|>``, ``<|endoftext|>``,
-    ``<|end|>``, ...), the same rule ``from_gguf`` applies to CONTROL tokens, so both
-    constructors agree. A model's ``generation_config.eos_token_id`` is not visible
-    from the tokenizer and is not consulted.
-    """
+def _declared_eos_ids(tokenizer: Any, size: int) -> set[int]:
+    """Return ``eos_token_id`` (one id or a list). A model's
+    ``generation_config.eos_token_id`` is not visible from the tokenizer and is not
+    consulted; the text rules (:func:`~formline.vocab.special_texts.read_text_rules`) add
+    the end-of-generation markers, as ``from_gguf`` does."""
     eos_ids: set[int] = set()
     declared = getattr(tokenizer, "eos_token_id", None)
     for value in declared if isinstance(declared, list | tuple) else [declared]:
@@ -104,9 +100,6 @@ def _eos_ids(tokenizer: Any, added: dict[int, tuple[str, bool]], size: int) -> s
                 f"{token_id} is outside the tokenizer's {size} ids"
             )
         eos_ids.add(token_id)
-    for token_id, (content, special) in added.items():
-        if special and is_end_of_generation_piece(content):
-            eos_ids.add(token_id)
     return eos_ids
 
 
@@ -128,7 +121,9 @@ def huggingface_token_bytes(tokenizer: Any) -> tuple[list[bytes], set[int], set[
       strip of the first token's leading space is not applied).
     * Ids without a piece (holes before the largest added id) and ``[PAD<id>]``
       filler pieces (even when registered as added tokens) → ``b""`` and special.
-    * ``all_special_ids`` and the eos ids (see ``_eos_ids``) are special.
+    * ``all_special_ids`` and the eos ids are special; then llama.cpp's text rules, as for
+      ``from_gguf`` (:mod:`formline.vocab.special_texts`): end-of-generation and
+      fill-in-the-middle markers are special, the end markers stop.
 
     Raises VocabularyError when the tokenizer lacks the required methods, is neither
     byte-level nor SentencePiece, or declares no eos token. Cost: one
@@ -158,7 +153,12 @@ def huggingface_token_bytes(tokenizer: Any) -> tuple[list[bytes], set[int], set[
             token_bytes.append(decode_piece(piece))
     declared_special = getattr(tokenizer, "all_special_ids", None) or []
     special_ids.update(token_id for token_id in declared_special if 0 <= token_id < size)
-    eos_ids = _eos_ids(tokenizer, added, size)
-    if not eos_ids:
+    texts = [
+        added[token_id][0].encode("utf-8") if token_id in added else (piece or "").encode()
+        for token_id, piece in enumerate(pieces)
+    ]
+    rules = read_text_rules(texts, _declared_eos_ids(tokenizer, size))
+    if not rules.stopping:
         raise VocabularyError(f"{label}: tokenizer declares no eos token (eos_token_id is None)")
-    return token_bytes, eos_ids, special_ids
+    special_ids = (special_ids | rules.special | rules.stopping) - rules.ordinary
+    return token_bytes, rules.stopping, special_ids

@@ -25,41 +25,11 @@ import numpy as np
 from formline.errors import FormlineError
 from formline.vocab.prefix import TokenPrefixIndex
 
-END_OF_GENERATION_TEXTS = frozenset(
-    {
-        "<|endoftext|>",
-        "<|im_end|>",
-        "<|eot_id|>",
-        "<|eom_id|>",
-        "<|end|>",
-        "<|end_of_text|>",
-        "<end_of_turn>",
-        "<end_of_utterance>",
-        "<|return|>",
-        "<|call|>",
-        "<EOT>",
-        "_<EOT>",
-        "<｜end▁of▁sentence｜>",
-    }
-)
-"""Texts of special tokens that end a generation turn (llama.cpp's end-of-generation list).
-
-A *special* token with one of these texts is added to ``eos_ids`` by ``from_gguf``
-and ``from_huggingface``, on top of the ids the tokenizer declares as eos/eot/eom.
-"""
-
 _FINGERPRINT_VERSION = b"formline-vocabulary-fingerprint-v1\x00"
 
 
 class VocabularyError(FormlineError, ValueError):
     """A vocabulary cannot be built: bad ids, sizes, or an unsupported/corrupt tokenizer."""
-
-
-def is_end_of_generation_piece(piece: str | bytes) -> bool:
-    """Return True when ``piece`` (a token's text) is in END_OF_GENERATION_TEXTS."""
-    if isinstance(piece, bytes):
-        piece = piece.decode("utf-8", errors="replace")
-    return piece in END_OF_GENERATION_TEXTS
 
 
 def is_padding_piece(piece: str | bytes, token_id: int) -> bool:
