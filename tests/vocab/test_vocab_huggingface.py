@@ -321,3 +321,28 @@ def test_core_imports_no_heavy_packages() -> None:
         "PYTHONPATH": f"{source}{os.pathsep}" + os.environ.get("PYTHONPATH", ""),
     }
     subprocess.run([sys.executable, "-c", code], check=True, env=environment)
+
+
+@pytest.mark.parametrize(
+    ("name", "added", "written"),
+    [
+        # Byte-level: the decoder maps the content's characters as byte-level pieces.
+        ("smollm2", ["ĠĠfoo", "café"], [b"  foo", "caf\ufffd".encode()]),
+        # SentencePiece: ▁ is a space once decoded (Gemma's added space runs).
+        ("phi-3", ["x▁y"], [b" x y"]),
+    ],
+)
+def test_ordinary_added_tokens_write_what_the_decoder_writes(
+    name: str, added: list[str], written: list[bytes]
+) -> None:
+    # Their content's bytes were taken as written: "ĠĠfoo" as b"\xc4\xa0\xc4\xa0foo".
+    from transformers import AutoTokenizer
+
+    path = fixture_path(name)
+    tokenizer = AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name)
+    tokenizer.add_tokens(added)  # not special
+    vocabulary = Vocabulary.from_huggingface(tokenizer)
+    for text, expected in zip(added, written, strict=True):
+        token_id = tokenizer.convert_tokens_to_ids(text)
+        assert token_id not in vocabulary.special_ids
+        assert vocabulary.token_bytes[token_id] == expected, text

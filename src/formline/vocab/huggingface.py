@@ -103,6 +103,28 @@ def _declared_eos_ids(tokenizer: Any, size: int) -> set[int]:
     return eos_ids
 
 
+def _written_in_context(tokenizer: Any, token_ids: list[int]) -> dict[int, bytes]:
+    """What the tokenizer writes for each non-special added token after an ordinary one
+    (``decode([a, id])`` less ``decode([a])``): Hugging Face runs such tokens through its
+    decoder, so Gemma's added space runs ``"▁▁"`` write two spaces and a byte-level
+    ``"ĠĠfoo"`` writes ``"  foo"``, not their content's bytes. An id whose text does not
+    follow the prefix's is left out (its content stands). Costs two decodes per id."""
+    if not token_ids or not callable(getattr(tokenizer, "decode", None)):
+        return {}
+    try:
+        prefix = tokenizer.encode("a", add_special_tokens=False)[-1:]
+        options = {"skip_special_tokens": False, "clean_up_tokenization_spaces": False}
+        before = tokenizer.decode(prefix, **options)
+    except (AttributeError, TypeError, ValueError, IndexError):
+        return {}
+    written: dict[int, bytes] = {}
+    for token_id in token_ids:
+        text = tokenizer.decode([*prefix, token_id], **options)
+        if text.startswith(before):
+            written[token_id] = text[len(before) :].encode("utf-8", errors="surrogatepass")
+    return written
+
+
 def _piece_decoder(encoding: str, description: str) -> Callable[[str], bytes]:
     """Return the base-piece decoder; byte fallback unless a fast decoder lacks it."""
     if encoding == BYTE_LEVEL:
@@ -114,8 +136,9 @@ def _piece_decoder(encoding: str, description: str) -> Callable[[str], bytes]:
 def huggingface_token_bytes(tokenizer: Any) -> tuple[list[bytes], set[int], set[int]]:
     """Decode a Hugging Face tokenizer into (token bytes by id, eos ids, special ids).
 
-    * Added tokens (``added_tokens_decoder``) are plain text: their content, UTF-8
-      encoded; ``special=True`` ones are special ids.
+    * Added tokens (``added_tokens_decoder``): ``special=True`` ones are special ids
+      (their content, UTF-8 encoded); the others write what the tokenizer's decoder makes
+      of them after an ordinary token (``"▁▁"`` two spaces in Gemma).
     * Base pieces: byte-level → GPT-2 byte map; SentencePiece → ``▁`` is a space and
       ``<0xNN>`` the single byte 0xNN (the piece's bytes mid-sequence: the decoder's
       strip of the first token's leading space is not applied).
@@ -140,6 +163,7 @@ def huggingface_token_bytes(tokenizer: Any) -> tuple[list[bytes], set[int], set[
     decode_piece = _piece_decoder(encoding, _decoder_description(tokenizer))
     token_bytes: list[bytes] = []
     special_ids: set[int] = set()
+    ordinary_added: list[int] = []
     for token_id, piece in enumerate(pieces):
         if piece is None or is_padding_piece(piece, token_id):
             token_bytes.append(b"")
@@ -149,8 +173,12 @@ def huggingface_token_bytes(tokenizer: Any) -> tuple[list[bytes], set[int], set[
             token_bytes.append(content.encode("utf-8"))
             if special:
                 special_ids.add(token_id)
+            else:
+                ordinary_added.append(token_id)
         else:
             token_bytes.append(decode_piece(piece))
+    for token_id, written in _written_in_context(tokenizer, ordinary_added).items():
+        token_bytes[token_id] = written
     declared_special = getattr(tokenizer, "all_special_ids", None) or []
     special_ids.update(token_id for token_id in declared_special if 0 <= token_id < size)
     texts = [
