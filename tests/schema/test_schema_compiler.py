@@ -693,3 +693,32 @@ def test_recursion_through_an_all_of_merge_is_a_rule(
     for value in invalid:
         assert not accepts(value), value
         assert next(jsonschema.Draft202012Validator(schema).iter_errors(value), None) is not None
+
+
+def test_recursion_through_merges_the_merge_makes() -> None:
+    # A subclass overriding a recursive field: merging Base with the override makes a new
+    # {"allOf": [Base's items, Derived's items]} at each visit; known by its values, it
+    # is met again.
+    schema = {
+        "$defs": {
+            "Base": {
+                "type": "object",
+                "properties": {"kids": {"type": "array", "items": {"$ref": "#/$defs/Base"}}},
+            },
+            "Derived": {
+                "allOf": [
+                    {"$ref": "#/$defs/Base"},
+                    {
+                        "properties": {
+                            "kids": {"items": {"$ref": "#/$defs/Derived"}},
+                            "n": {"type": "integer"},
+                        }
+                    },
+                ]
+            },
+        },
+        "$ref": "#/$defs/Derived",
+    }
+    accepts = language(schema)
+    assert accepts({"kids": [{"kids": []}], "n": 1})
+    assert not accepts({"kids": [{"n": "x"}]})

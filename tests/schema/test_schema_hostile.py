@@ -261,3 +261,12 @@ def test_a_non_finite_annotation_is_allowed() -> None:
         schema_to_grammar(named)
     with pytest.raises(SchemaError, match="at /properties/x/minimum"):
         schema_to_grammar({"properties": {"x": {"default": 1, "minimum": float("-inf")}}})
+
+
+@pytest.mark.parametrize(
+    "schema", [{"const": {"default": float("inf")}}, {"enum": [{"examples": [float("nan")]}, 1]}]
+)
+def test_a_non_finite_number_in_data_named_like_an_annotation(schema: Any) -> None:
+    # Inside const and enum a key named default is data the grammar writes ("Infinity").
+    with pytest.raises(SchemaError, match="not a JSON number"):
+        schema_to_grammar(schema)

@@ -190,10 +190,59 @@ def test_an_all_of_target_keeps_its_own_base() -> None:
 
 def test_absolute_references_leave_data_alone() -> None:
     schema = {"$id": "d/", "properties": {"x": {"$ref": "x.json", "const": {"$ref": "y"}}}}
-    copy = resolving.absolute_references(schema, "https://example.com/")
+    copy = resolving.absolute_references(schema, "https://example.com/d/")  # its own base
     assert copy["$id"] == "https://example.com/d/"
     assert copy["properties"]["x"] == {
         "$ref": "https://example.com/d/x.json",
         "const": {"$ref": "y"},
     }
     assert schema["properties"]["x"]["$ref"] == "x.json"
+
+
+@pytest.mark.parametrize(
+    ("identifier", "reference"),
+    [("sub/a.json", "b.json"), ("https://example.com/sub/a.json", "#/$defs/B2")],
+)
+def test_an_all_of_target_with_a_relative_id_and_named_properties(
+    identifier: str, reference: str
+) -> None:
+    # Its own "$id" was joined twice (sub/sub/b.json did not resolve), and a property named
+    # "const" was copied as data, its relative $ref left to the parent's base.
+    target = {
+        "$id": identifier,
+        "type": "object",
+        "properties": {"p": {"$ref": reference}, "const": {"$ref": reference}},
+        "$defs": {"B2": {"type": "integer"}},
+    }
+    schema = {
+        "$id": "https://example.com/root.json",
+        "$defs": {
+            "a": target,
+            "b": {"$id": "sub/b.json", "type": "integer"},
+            "wrong": {"$id": "b.json", "type": "string"},
+            "B2": {"type": "string"},
+        },
+        "allOf": [{"$ref": "sub/a.json"}],
+    }
+    accepts = accepts_under(schema)
+    assert accepts({"p": 1, "const": 2})
+    assert not accepts({"p": "s"}) and not accepts({"const": "s"})
+
+
+def test_recursion_through_all_of_into_another_resource() -> None:
+    # The target's absolute copy was made anew at each visit: never met again, unrolled.
+    node = {
+        "$id": "https://example.com/node.json",
+        "type": "object",
+        "properties": {
+            "child": {"allOf": [{"$ref": "#"}], "description": "kid"},
+            "v": {"type": "integer"},
+        },
+    }
+    schema = {
+        "$id": "https://example.com/root.json",
+        "$defs": {"node": node},
+        "allOf": [{"$ref": "node.json"}],
+    }
+    accepts = accepts_under(schema)
+    assert accepts({"child": {"child": {"v": 1}}}) and not accepts({"child": {"v": "x"}})

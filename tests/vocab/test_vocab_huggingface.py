@@ -346,3 +346,22 @@ def test_ordinary_added_tokens_write_what_the_decoder_writes(
         token_id = tokenizer.convert_tokens_to_ids(text)
         assert token_id not in vocabulary.special_ids
         assert vocabulary.token_bytes[token_id] == expected, text
+
+
+def test_a_failing_decode_leaves_the_added_content() -> None:
+    from formline.vocab.huggingface import _written_in_context
+
+    class Tokenizer:
+        def __init__(self, prefix: list[int]) -> None:
+            self.prefix = prefix
+
+        def encode(self, text: str, add_special_tokens: bool = False) -> list[int]:
+            return self.prefix
+
+        def decode(self, ids: list[int], **options: Any) -> str:
+            if ids[-1] == 7:
+                raise KeyError(7)
+            return "a" + " x" * (len(ids) - 1)
+
+    assert _written_in_context(Tokenizer([1]), [5, 7]) == {5: b" x"}  # 7 keeps its content
+    assert _written_in_context(Tokenizer([]), [5]) == {}  # no prefix: nothing to read after

@@ -33,6 +33,17 @@ def test_the_workarounds_make_a_marker_ordinary_again() -> None:
     assert read_text_rules([b"</s>"], set()).stopping == {0}
 
 
+def test_the_rules_follow_llama_cpps_finer_points() -> None:
+    # "<|calls|>" is a call marker with "<|return|>" too.
+    assert read_text_rules([b"x", b"<|return|>", b"<|calls|>", b"<|end|>"], set()).ordinary == {3}
+    # A FIM kind the file names by id is not looked for by text.
+    texts = [b"<|fim_pad|>", b"<|file_sep|>", b"a"]
+    assert read_text_rules(texts, {2}, frozenset({"pad"})).stopping == {1, 2}
+    assert read_text_rules(texts, set()).stopping == {0, 1}
+    # A text held by two ids counts for the last (llama.cpp's text-to-id map keeps it).
+    assert read_text_rules([b"</s>", b"a", b"</s>"], set()).stopping == {2}
+
+
 @pytest.mark.parametrize("name", FIXTURES)
 def test_stop_and_control_tokens_agree_with_llama_cpp(name: str) -> None:
     # phi-3's </s> (id 2) and Qwen2's (128247) were text to the mask: llama.cpp stops on them.

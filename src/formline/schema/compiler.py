@@ -165,9 +165,11 @@ class SchemaCompiler:
         self.reference_counts: dict[str, int] = {}
         self.uses_any_value = False
         self.forced_called: set[str] = set()
-        # The allOf merges being compiled: (id of the schema met, base) -> (it, rule name).
-        self.merging: dict[tuple[int, Any], tuple[Any, str]] = {}
+        # The allOf merges being compiled: (ids of its values, base) -> (them, rule name).
+        self.merging: dict[tuple[tuple[Any, ...], Any], tuple[Any, str]] = {}
         self.merge_count = 0
+        # (id of a $ref target, its base) -> (the target, its absolute copy), kept whole.
+        self.absolute_copies: dict[tuple[int, str], tuple[Schema, Schema]] = {}
         # A big string value -> None once met, then its called rule (see shared_string).
         self.string_rules: dict[Node, Node | None] = {}
         self.memo = SubschemaMemo()
@@ -414,8 +416,18 @@ class SchemaCompiler:
         tree's child, or a ``$ref`` with a sibling inside its own target), it becomes a rule
         that calls itself; unrolled, it ran into the depth limit and a valid recursive schema
         was refused. ``source``: the schema object met (a ``$ref`` with siblings passes
-        itself; its allOf form is made anew at each visit)."""
-        key = (id(source if source is not None else schema), resolution_base(resolver))
+        itself; its allOf form is made anew at each visit). Otherwise the merge is known by
+        its values, not its dict: the merges of allOf branches make a new ``{"allOf": [a,
+        b]}`` of the same two schemas at each visit (a subclass overriding a recursive
+        field)."""
+        if source is not None:
+            held: Any = source
+            identity: tuple[Any, ...] = (id(source),)
+        else:
+            held = [value for name, value in schema.items() if name != "allOf"]
+            held += schema["allOf"] if isinstance(schema["allOf"], list) else []
+            identity = (*map(id, held), *(name for name in schema if name != "allOf"))
+        key = (identity, resolution_base(resolver))
         entry = self.merging.get(key)
         if entry is not None:
             name = entry[1]
@@ -424,8 +436,8 @@ class SchemaCompiler:
             self.count_reference(name)
             return RuleReference(name)
         self.merge_count += 1
-        # The object stays referenced while its key is in use: an id is never reused then.
-        self.merging[key] = (source if source is not None else schema, f"merge{self.merge_count}")
+        # The objects stay referenced while their key is in use: no id is reused then.
+        self.merging[key] = (held, f"merge{self.merge_count}")
         try:
             body = self._merge_all_of(schema, pointer, resolver, depth)
         finally:
@@ -466,13 +478,23 @@ class SchemaCompiler:
             target = as_object(target, pointer)
             base = resolution_base(resolver)
             if base != outer and isinstance(base, str):
-                target = absolute_references(target, base)
+                target = self._absolute_copy(target, base)
             if self.is_draft7:
                 rest = {}
             schema, notes = merge(dict(target), rest, pointer)
             for keyword, note in notes:
                 self.record("checked_after", keyword, pointer, note)
         raise SchemaError("$ref chain too long (a reference cycle through allOf?)", pointer, "$ref")
+
+    def _absolute_copy(self, target: Schema, base: str) -> Schema:
+        """:func:`~formline.schema.resolving.absolute_references` of ``target``, made once:
+        the same copy at each visit lets a recursion through it be met again (a fresh one
+        each time was unrolled to the depth limit)."""
+        key = (id(target), base)
+        known = self.absolute_copies.get(key)
+        if known is None:
+            known = self.absolute_copies[key] = (target, absolute_references(target, base))
+        return known[1]
 
     def any_of(self, schema: Schema, keyword: str, pointer: str, resolver: Any, depth: int) -> Node:
         branches = schema[keyword]

@@ -7,6 +7,7 @@ from math import isfinite
 from typing import Any
 
 from formline.schema.report import SchemaError, escape_pointer
+from formline.schema.resolving import DATA_KEYWORDS, NAME_MAPS
 
 MAX_INTEGER_DIGITS = 4_000  # under Python's str() limit of 4,300
 MAX_INTEGER_BITS = 13_287  # 2**13287 has 4,000 digits
@@ -69,42 +70,46 @@ def _is_nesting_within(root: Any, limit: int) -> bool:
 def _raise_nesting_error(root: Any, limit: int) -> None:
     """:func:`check_nesting`'s error, with the pointer of the first offending value; none
     where the only ones are non-finite numbers in annotations. Each value is walked with
-    whether it lies in an annotation and whether it is a map of names (``properties``:
-    a property named ``default`` holds a schema, not an annotation)."""
-    pending = [(root, 0, "", False, False)]
+    what its place is: a schema, a map of names (``properties``: a property named
+    ``default`` holds a schema), data (``const``, ``enum``: a key named ``default`` there
+    is data, and its NaN would be written) or an annotation (``default``, ``examples``)."""
+    pending = [(root, 0, "", SCHEMA)]
     while pending:
-        node, depth, pointer, is_annotation, is_names = pending.pop()
+        node, depth, pointer, place = pending.pop()
         if depth > limit:
             raise SchemaError(f"schema nested deeper than {limit} JSON levels", pointer)
         if isinstance(node, dict):
             pending.extend(
-                (
-                    value,
-                    depth + 1,
-                    f"{pointer}/{escape_pointer(str(key))}",
-                    is_annotation or (not is_names and key in ANNOTATION_VALUES),
-                    not is_annotation and not is_names and key in NAME_MAPS,
-                )
+                (value, depth + 1, f"{pointer}/{escape_pointer(str(key))}", _place(place, key))
                 for key, value in node.items()
             )
         elif isinstance(node, list | tuple):
+            inner = SCHEMA if place == NAMES else place
             pending.extend(
-                (value, depth + 1, f"{pointer}/{index}", is_annotation, False)
-                for index, value in enumerate(node)
+                (value, depth + 1, f"{pointer}/{index}", inner) for index, value in enumerate(node)
             )
         elif isinstance(node, int) and node.bit_length() > MAX_INTEGER_BITS:
             raise SchemaError(
                 f"an integer of more than {MAX_INTEGER_DIGITS:,} digits", pointer or "/"
             )
-        elif isinstance(node, float) and not isfinite(node) and not is_annotation:
+        elif isinstance(node, float) and not isfinite(node) and place != ANNOTATION:
             raise SchemaError(
                 f"{node} is not a JSON number (a number past 1.8e308, or NaN)", pointer or "/"
             )
 
 
-# Keywords whose values are annotations: a non-finite number there is never written.
+SCHEMA, NAMES, DATA, ANNOTATION = range(4)  # what a value's place in a schema is
 ANNOTATION_VALUES = frozenset({"default", "examples"})
-# Keywords whose values map names to schemas (their keys are not keywords).
-NAME_MAPS = frozenset(
-    {"properties", "patternProperties", "$defs", "definitions", "dependentSchemas", "dependencies"}
-)
+
+
+def _place(parent: int, key: Any) -> int:
+    """The place of the value under ``key`` in a dict at place ``parent``."""
+    if parent == NAMES:
+        return SCHEMA
+    if parent != SCHEMA:
+        return parent
+    if key in ANNOTATION_VALUES:
+        return ANNOTATION
+    if key in DATA_KEYWORDS:
+        return DATA
+    return NAMES if key in NAME_MAPS else SCHEMA

@@ -34,12 +34,8 @@ from jsonschema import FormatChecker
 from formline.grammar.ir import EMPTY, Choice, GrammarError, Node, Repeat, RuleReference, Sequence
 from formline.grammar.utf8 import CodePointRanges, complement
 from formline.schema.patterns import EcmaScriptParser
-from formline.schema.resolving import DATA_KEYWORDS
+from formline.schema.resolving import DATA_KEYWORDS, NAME_MAPS
 
-# Keywords whose value maps names (not keywords) to subschemas.
-NAME_MAPS = frozenset(
-    {"properties", "patternProperties", "$defs", "definitions", "dependentSchemas", "dependencies"}
-)
 # A Python form past this many characters is not made: "^" + "\\p{L}" * 400 + "$" (2 kB)
 # became 4.9 MB that Python's re took 2 s to compile (the reviewer's case).
 MAX_PYTHON_PATTERN = 128 * 1024

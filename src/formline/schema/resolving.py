@@ -22,6 +22,10 @@ IDENTIFIER_KEYWORDS = frozenset(("$id", "$anchor", "$dynamicAnchor"))
 LEGACY_DIALECTS = ("draft-03/schema", "draft-04/schema")
 # Keywords whose value is data, never a schema (a "$ref" or "pattern" key inside is data).
 DATA_KEYWORDS = frozenset({"const", "enum", "default", "examples"})
+# Keywords whose value maps names (not keywords) to subschemas.
+NAME_MAPS = frozenset(
+    {"properties", "patternProperties", "$defs", "definitions", "dependentSchemas", "dependencies"}
+)
 
 
 def has_identifiers(root: Any) -> bool:
@@ -56,29 +60,37 @@ def has_identifiers(root: Any) -> bool:
 
 
 def absolute_references(schema: Any, base: str) -> Any:
-    """A copy of ``schema`` (read under ``base``) whose ``$ref`` and ``$id`` strings are
-    absolute URIs, so that it means the same wherever it is placed: an ``allOf`` branch's
-    ``$ref`` target merged into its parent is compiled under the parent's base, where the
-    target's ``"b.json"`` named another resource (the grammar wrote the wrong schema's
-    values). Data (``const``, ``enum``, ``default``, ``examples``) is copied as it is.
+    """A copy of ``schema``, the resource read under ``base`` (its own ``$id`` already in
+    it), whose ``$ref`` and ``$id`` strings are absolute URIs, so that it means the same
+    wherever it is placed: an ``allOf`` branch's ``$ref`` target merged into its parent is
+    compiled under the parent's base, where the target's ``"b.json"`` named another
+    resource (the grammar wrote the wrong schema's values). Data (``const``, ``enum``,
+    ``default``, ``examples``; a property of one of those names is a schema) is copied as
+    it is. A ``urn:`` base is left as it is (``urljoin`` does not join under it).
     ``schema`` is not changed. Costs one walk of it."""
+    return _absolute(schema, base, top=True)
+
+
+def _absolute(schema: Any, base: str, top: bool = False) -> Any:
     if isinstance(schema, list):
-        return [absolute_references(item, base) for item in schema]
+        return [_absolute(item, base) for item in schema]
     if not isinstance(schema, dict):
         return schema
     identifier = schema.get("$id")
-    if isinstance(identifier, str):
-        base = urljoin(base, identifier)
+    if isinstance(identifier, str) and not top:  # the top's is in base already: joined
+        base = urljoin(base, identifier)  # again, "sub/a.json" made sub/sub/a.json
     copy: dict[str, Any] = {}
     for key, value in schema.items():
         if key in DATA_KEYWORDS:
             copy[key] = value
+        elif key in NAME_MAPS and isinstance(value, dict):
+            copy[key] = {name: _absolute(sub, base) for name, sub in value.items()}
         elif key == "$id" and isinstance(value, str):
             copy[key] = base
         elif key == "$ref" and isinstance(value, str):
             copy[key] = urljoin(base, value)
         else:
-            copy[key] = absolute_references(value, base)
+            copy[key] = _absolute(value, base)
     return copy
 
 

@@ -21,7 +21,7 @@ import os
 import re
 import struct
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from formline.vocab.byte_decoding import SENTENCEPIECE_SPACE, decode_byte_level_piece
@@ -36,7 +36,10 @@ _WANTED_KEYS = (
     "tokenizer.ggml.eos_token_id",
     "tokenizer.ggml.eot_token_id",
     "tokenizer.ggml.eom_token_id",
+    *(f"tokenizer.ggml.fim_{kind}_token_id" for kind in ("pad", "rep", "sep")),
 )
+# The FIM stop kinds of special_texts by their GGUF key's word.
+_FIM_KINDS = {"pad": "pad", "rep": "repo", "sep": "separator"}
 
 # Scalar value types (GGUFValueType numbering) → struct format character.
 _SCALAR_FORMATS = {
@@ -82,6 +85,8 @@ class GGUFTokenizer:
     eot_token_id: int | None
     eom_token_id: int | None
     architecture: str | None
+    # FIM stop kind (special_texts' "pad", "repo", "separator") -> the id the file names
+    fill_in_the_middle_ids: dict[str, int] = field(default_factory=dict)
 
 
 class _HeaderWalker:
@@ -259,6 +264,11 @@ def _tokenizer_from_keys(keys: dict[str, Any], path: str) -> GGUFTokenizer:
         eot_token_id=optional_id("tokenizer.ggml.eot_token_id"),
         eom_token_id=optional_id("tokenizer.ggml.eom_token_id"),
         architecture=optional_text("general.architecture"),
+        fill_in_the_middle_ids={
+            kind: value
+            for word, kind in _FIM_KINDS.items()
+            if (value := optional_id(f"tokenizer.ggml.fim_{word}_token_id")) is not None
+        },
     )
 
 
@@ -310,12 +320,18 @@ def _decode_token(
 
 
 def _declared_eos_ids(tokenizer: GGUFTokenizer) -> set[int]:
-    """Return the eos/eot/eom ids the file declares (raises VocabularyError if out of range)."""
+    """Return the eos/eot/eom and FIM pad/repo/separator ids the file declares (llama.cpp
+    stops on each; raises VocabularyError if one is out of range)."""
     declared: set[int] = set()
+    fill_in_the_middle = [
+        (f"tokenizer.ggml.fim_{word}_token_id", tokenizer.fill_in_the_middle_ids.get(kind))
+        for word, kind in _FIM_KINDS.items()
+    ]
     for key, value in (
         ("tokenizer.ggml.eos_token_id", tokenizer.eos_token_id),
         ("tokenizer.ggml.eot_token_id", tokenizer.eot_token_id),
         ("tokenizer.ggml.eom_token_id", tokenizer.eom_token_id),
+        *fill_in_the_middle,
     ):
         if value is None:
             continue
@@ -363,7 +379,8 @@ def gguf_token_bytes(tokenizer: GGUFTokenizer) -> tuple[list[bytes], set[int], s
         if token_type not in _TEXT_TOKEN_TYPES:
             special_ids.add(token_id)
     eos_ids.update(_declared_eos_ids(tokenizer))
-    rules = read_text_rules(tokenizer.tokens, eos_ids)
+    named = frozenset(tokenizer.fill_in_the_middle_ids)
+    rules = read_text_rules(tokenizer.tokens, eos_ids, named)
     for token_id in rules.ordinary:  # llama.cpp writes its text, as a user-defined token
         token_bytes[token_id] = tokenizer.tokens[token_id]
     return token_bytes, rules.stopping, (special_ids | rules.special) - rules.ordinary

@@ -111,16 +111,21 @@ def _written_in_context(tokenizer: Any, token_ids: list[int]) -> dict[int, bytes
     follow the prefix's is left out (its content stands). Costs two decodes per id."""
     if not token_ids or not callable(getattr(tokenizer, "decode", None)):
         return {}
+    options = {"skip_special_tokens": False, "clean_up_tokenization_spaces": False}
     try:
-        prefix = tokenizer.encode("a", add_special_tokens=False)[-1:]
-        options = {"skip_special_tokens": False, "clean_up_tokenization_spaces": False}
+        prefix = list(tokenizer.encode("a", add_special_tokens=False))[-1:]
         before = tokenizer.decode(prefix, **options)
-    except (AttributeError, TypeError, ValueError, IndexError):
+    except Exception:  # any tokenizer's failure: the contents stand
+        return {}
+    if not prefix:  # at a sequence's start the decoder strips a leading space
         return {}
     written: dict[int, bytes] = {}
     for token_id in token_ids:
-        text = tokenizer.decode([*prefix, token_id], **options)
-        if text.startswith(before):
+        try:
+            text = tokenizer.decode([*prefix, token_id], **options)
+        except Exception:  # this token's content stands
+            continue
+        if isinstance(text, str) and text.startswith(before):
             written[token_id] = text[len(before) :].encode("utf-8", errors="surrogatepass")
     return written
 

@@ -36,15 +36,18 @@ FILL_IN_THE_MIDDLE_TEXTS = frozenset(
         "<|middle|>",
     }
 )  # fmt: skip
-FILL_IN_THE_MIDDLE_STOP_TEXTS = frozenset(
-    {
-        "<|fim_pad|>", "<fim-pad>", "<fim_pad>", "<PAD>", "[PAD]", "<|fim_repo|>",
-        "<|repo_name|>", "<fim-repo>", "<REPO>", "<reponame>", "<|file_sep|>",
-    }
-)  # fmt: skip
-# (the markers that make a token ordinary again, the token they make ordinary)
+# The stopping FIM markers by kind (pad, repo, file separator): a kind the file names by
+# id (tokenizer.ggml.fim_pad_token_id, ...) is not looked for by text.
+FILL_IN_THE_MIDDLE_STOP_TEXTS = {
+    "pad": frozenset({"<|fim_pad|>", "<fim-pad>", "<fim_pad>", "<PAD>", "[PAD]"}),
+    "repo": frozenset({"<|fim_repo|>", "<|repo_name|>", "<fim-repo>", "<REPO>", "<reponame>"}),
+    "separator": frozenset({"<|file_sep|>"}),
+}
+# (the markers that make a token ordinary again, the token they make ordinary); "<|call|>"
+# and "<|calls|>" both count as the call marker, as in llama.cpp.
 ORDINARY_AGAIN = (
     ({"<|return|>", "<|call|>"}, "<|end|>"),
+    ({"<|return|>", "<|calls|>"}, "<|end|>"),
     ({"<|call|>", "<|flush|>"}, "<|end|>"),
     ({"<|calls|>", "<|flush|>"}, "<|end|>"),
     ({"<|tool_response>"}, "</s>"),
@@ -61,24 +64,41 @@ class TextRules(NamedTuple):
 
 
 _STOPPING = frozenset(text.encode() for text in END_OF_GENERATION_TEXTS)
-_STOPPING |= frozenset(text.encode() for text in FILL_IN_THE_MIDDLE_STOP_TEXTS)
 _CONTROL = frozenset(text.encode() for text in FILL_IN_THE_MIDDLE_TEXTS)
+_FIM_STOPPING = {
+    kind: frozenset(text.encode() for text in texts)
+    for kind, texts in FILL_IN_THE_MIDDLE_STOP_TEXTS.items()
+}
+_ANY = _STOPPING | _CONTROL | frozenset().union(*_FIM_STOPPING.values())
 
 
-def read_text_rules(texts: Sequence[bytes], stopping: set[int]) -> TextRules:
+def read_text_rules(
+    texts: Sequence[bytes], stopping: set[int], named_kinds: frozenset[str] = frozenset()
+) -> TextRules:
     """llama.cpp's text rules over ``texts`` (a GGUF file's token texts, UTF-8, by id),
-    given the ids already ``stopping`` (the file's own eos, eot and eom): the ids they make
-    special, the ids that stop (``stopping`` included) and the ids made ordinary again
-    (neither special nor stopping, their text written). Costs one pass over the texts
-    (set lookups of bytes: nothing is decoded)."""
+    given the ids already ``stopping`` (the file's own eos, eot, eom and FIM ids) and the
+    FIM kinds the file names by id (``named_kinds``, not looked for by text): the ids they
+    make special, the ids that stop (``stopping`` included) and the ids made ordinary again
+    (neither special nor stopping, their text written). A text held by several ids counts
+    for the last, as llama.cpp's map from text to id keeps it. Costs one pass over the
+    texts (set lookups of bytes: nothing is decoded)."""
+    last: dict[bytes, int] = {}
+    for token_id, text in enumerate(texts):
+        if text in _ANY:
+            last[text] = token_id
     special: set[int] = set()
     stops = set(stopping)
-    for token_id, text in enumerate(texts):
+    for text, token_id in last.items():
         if text in _STOPPING:
             special.add(token_id)
             stops.add(token_id)
         elif text in _CONTROL:
             special.add(token_id)
+        else:
+            kind = next(kind for kind, kind_texts in _FIM_STOPPING.items() if text in kind_texts)
+            if kind not in named_kinds:
+                special.add(token_id)
+                stops.add(token_id)
     stop_texts = {texts[token_id]: token_id for token_id in stops if 0 <= token_id < len(texts)}
     ordinary: set[int] = set()
     for markers, token in ORDINARY_AGAIN:
