@@ -169,3 +169,18 @@ def test_completions_stay_right_when_the_memory_of_them_is_cleared(
     for stacks in configurations(compiled, texts[0]):
         assert compiled.shortest_completion(stacks) == reference_completion(compiled, stacks)
         assert len(compiled._completions) <= 2
+
+
+def test_a_completion_search_is_bounded(smollm2_vocab: Vocabulary) -> None:
+    # [ab]*a[ab]{22} has 2^23 configurations: the search grew the lazy automaton to its
+    # 200,000-state limit and failed the request (6.5 s under a server's model lock). It
+    # now gives up: no completion, so no closing.
+    compiled = GrammarCompiler(smollm2_vocab).compile_regex("[ab]*a[ab]{22}")
+    matcher = GrammarMatcher(compiled)
+    assert matcher.accept_string(b"ab")
+    assert matcher.shortest_completion() is None
+    assert matcher.closing_tokens(10, lambda data: list(data)) == []
+    limit = compiled_module.COMPLETION_CONFIGURATIONS
+    assert compiled.statistics.states < limit + 100  # the automaton grew no further
+    short = GrammarMatcher(GrammarCompiler(smollm2_vocab).compile_regex("[ab]*a[ab]{3}"))
+    assert short.accept_string(b"ab") and short.shortest_completion() == b"aa"

@@ -5,6 +5,7 @@ ignored); limits hold; the API key is enforced; concurrent requests stay valid a
 from __future__ import annotations
 
 import functools
+import http.client
 import json
 import threading
 import time
@@ -135,6 +136,32 @@ def test_limits_are_400_or_413(client: Any, model: str, server: Any) -> None:
     huge = json.dumps({"model": model, "messages": [{"role": "user", "content": "x" * 300_000}]})
     status, body = post(f"{server.url}/v1/chat/completions", huge.encode())
     assert status == 413 and body["error"]["code"] == "request_too_large"
+    assert "Limits.max_request_bytes" in body["error"]["message"]
+
+
+def test_a_declared_length_over_the_limit_is_refused_before_the_body(server: Any) -> None:
+    # The body was read whole first (a 300 MB body: 900 MB of the server's memory).
+    host, port = server.url.removeprefix("http://").split(":")
+    connection = http.client.HTTPConnection(host, int(port), timeout=30)
+    connection.putrequest("POST", "/v1/chat/completions")
+    connection.putheader("Content-Type", "application/json")
+    connection.putheader("Content-Length", str(10**9))
+    connection.endheaders()
+    connection.send(b"{")  # one byte of a billion: the answer cannot wait for the rest
+    response = connection.getresponse()
+    body = json.loads(response.read())
+    connection.close()
+    assert response.status == 413 and "1000000000 bytes" in body["error"]["message"]
+
+
+def test_a_lone_surrogate_is_a_400_naming_the_field(server: Any, model: str) -> None:
+    # It reached the prompt's UTF-8 encode: a 500 with a traceback.
+    body = {"model": model, "max_tokens": 3, "messages": [{"role": "user", "content": "Hi"}]}
+    data = json.dumps(body).replace('"Hi"', '"Hi \\ud800"').encode()
+    status, body = post(f"{server.url}/v1/chat/completions", data)
+    assert status == 400, body
+    assert body["error"]["param"] == "messages[0].content"
+    assert "lone surrogate" in body["error"]["message"]
 
 
 @pytest.mark.parametrize(

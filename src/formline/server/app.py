@@ -27,7 +27,12 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from formline.server.engine import Engine
 from formline.server.errors import ApiError, error_body
-from formline.server.requests import parse_body, parse_chat_request
+from formline.server.requests import (
+    Limits,
+    parse_body,
+    parse_chat_request,
+    request_too_large,
+)
 from formline.server.responses import completion_body
 from formline.server.responses_output import ResponseEventWriter, response_body
 from formline.server.responses_requests import parse_responses_request
@@ -63,37 +68,61 @@ def create_app(engine: Engine, api_key: str | None = None) -> FastAPI:
 
     @app.post("/v1/chat/completions", response_model=None)
     async def chat_completions(request: Request) -> JSONResponse | StreamingResponse:
-        body = parse_body(await request.body(), engine.limits)
+        body = parse_body(await read_body(request, engine.limits), engine.limits)
         chat = parse_chat_request(body, engine.limits)
         _check_model(chat.model, engine)
         if chat.stream:
             writer = ChunkWriter(engine.model_id, chat.include_usage)
             events = await stream_request(engine, chat, writer)
             return StreamingResponse(events, media_type="text/event-stream")
-        completion = await run_in_threadpool(engine.complete, chat)
+        # The deadline starts here: a wait for a worker thread counts (it did not).
+        completion = await run_in_threadpool(engine.complete, chat, deadline=engine.deadline())
         return JSONResponse(completion_body(completion, engine.model_id))
 
     @app.post("/v1/responses", response_model=None)
     async def responses(request: Request) -> JSONResponse | StreamingResponse:
-        body = parse_body(await request.body(), engine.limits)
+        body = parse_body(await read_body(request, engine.limits), engine.limits)
         checked = parse_responses_request(body, engine.limits)
         _check_model(checked.chat.model, engine)
         if checked.chat.stream:
             writer = ResponseEventWriter(checked, engine.model_id)
             events = await stream_request(engine, checked.chat, writer)
             return StreamingResponse(events, media_type="text/event-stream")
-        completion = await run_in_threadpool(engine.complete, checked.chat)
+        deadline = engine.deadline()  # from the request's arrival, as for chat completions
+        completion = await run_in_threadpool(engine.complete, checked.chat, deadline=deadline)
         return JSONResponse(response_body(checked, completion, engine.model_id))
 
     @app.post("/trace", response_model=None)
     async def trace(request: Request) -> HTMLResponse:
         """Seed 003's explainer for ``{"prompt", "schema"}`` (``free_samples``,
         ``temperature``, ``max_tokens`` optional), recorded now on the served model."""
-        body = parse_body(await request.body(), engine.limits)
+        body = parse_body(await read_body(request, engine.limits), engine.limits)
         checked = parse_trace_request(body, engine.limits)
         return HTMLResponse(await run_in_threadpool(trace_page, engine, checked))
 
     return app
+
+
+async def read_body(request: Request, limits: Limits) -> bytes:
+    """The body, read no further than ``limits.max_request_bytes``: a declared
+    ``Content-Length`` over it is refused before anything is read, and a body that runs
+    past it is cut off there (a 300 MB body was read whole, 900 MB of the server's
+    memory, before its 413).
+
+    Raises:
+        ApiError: 413 naming the limit.
+    Costs the body's bytes up to the limit."""
+    declared = request.headers.get("content-length", "")
+    if declared.isdigit() and int(declared) > limits.max_request_bytes:
+        raise request_too_large(f"{int(declared)} bytes", limits)
+    chunks: list[bytes] = []
+    size = 0
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size > limits.max_request_bytes:
+            raise request_too_large(f"more than {limits.max_request_bytes} bytes", limits)
+        chunks.append(chunk)
+    return b"".join(chunks)
 
 
 def _check_model(model: str, engine: Engine) -> None:

@@ -9,6 +9,7 @@ the JSON formline would have produced for them. Anything else is a 400 naming th
 from __future__ import annotations
 
 import json
+import re
 from typing import Any
 
 from formline.server.errors import ApiError, unsupported
@@ -157,7 +158,44 @@ def load_json(text: str | bytes, param: str | None) -> Any:
         raise _not_json(param, str(error)) from error
     if nesting_over(value, MAX_NESTING):
         raise _not_json(param, f"nested deeper than {MAX_NESTING} levels")
+    if _SURROGATE_ESCAPE.search(
+        text if isinstance(text, bytes) else text.encode("utf-8", "replace")
+    ):
+        where = _lone_surrogate_at(value, param or "")
+        if where is not None:  # no UTF-8 text holds one: it reached the prompt's encode, a 500
+            raise ApiError(
+                f"{where or 'the request body'} holds a lone surrogate (a \\uD800-\\uDFFF "
+                "escape without its pair), which is not text",
+                param=where or param,
+                code="invalid_json",
+            )
     return value
+
+
+# A \u escape of a surrogate (D800-DFFF): only then can a parsed string hold a lone one.
+_SURROGATE_ESCAPE = re.compile(rb"\\u[dD][89abcdefABCDEF]")
+_LONE_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
+def _lone_surrogate_at(value: Any, root: str) -> str | None:
+    """The path (``messages[0].content``) of the first string, key or value, of ``value``
+    that holds a lone surrogate, else ``None``. Costs one iterative walk."""
+    pending = [(value, root)]
+    while pending:
+        node, path = pending.pop()
+        if isinstance(node, str):
+            if _LONE_SURROGATE.search(node):
+                return path
+        elif isinstance(node, dict):
+            for key, child in node.items():
+                shown = key.encode("utf-8", "backslashreplace").decode()  # the path is text
+                inner = f"{path}.{shown}" if path else shown
+                if _LONE_SURROGATE.search(key):
+                    return inner
+                pending.append((child, inner))
+        elif isinstance(node, list):
+            pending.extend((child, f"{path}[{index}]") for index, child in enumerate(node))
+    return None
 
 
 def _not_json(param: str | None, why: str) -> ApiError:

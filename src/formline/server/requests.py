@@ -98,6 +98,17 @@ class ChatRequest:
     think: int = 0  # formline_think: free rationale tokens before a JSON answer
 
 
+def request_too_large(size: str, limits: Limits) -> ApiError:
+    """The 413 for a body of ``size`` (``"2000000 bytes"``, ``"more than 1000000 bytes"``),
+    naming the limit."""
+    return ApiError(
+        f"the request has {size}; the limit is {limits.max_request_bytes} bytes "
+        "(Limits.max_request_bytes)",
+        status=413,
+        code="request_too_large",
+    )
+
+
 def parse_body(raw: bytes, limits: Limits) -> dict[str, Any]:
     """The request body as a JSON object, without its ``null`` fields.
 
@@ -107,11 +118,7 @@ def parse_body(raw: bytes, limits: Limits) -> dict[str, Any]:
     Costs one parse and one walk of the body.
     """
     if len(raw) > limits.max_request_bytes:
-        raise ApiError(
-            f"the request has {len(raw)} bytes; the limit is {limits.max_request_bytes}",
-            status=413,
-            code="request_too_large",
-        )
+        raise request_too_large(f"{len(raw)} bytes", limits)
     body = load_json(raw, None)
     if not isinstance(body, dict):
         raise ApiError("the request body must be a JSON object", code="invalid_json")
