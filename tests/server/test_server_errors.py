@@ -290,3 +290,29 @@ def test_a_limit_met_while_decoding_is_400_naming_the_constraint(
     assert (
         reply["error"]["param"] == "guided_regex" and "100 DFA states" in reply["error"]["message"]
     )
+
+
+def test_a_dropped_non_streaming_client_stops_its_decoding(server: Any, model: str) -> None:
+    # It kept the model decoding to max_tokens while the next request waited.
+    def cancelled() -> int:
+        with urllib.request.urlopen(f"{server.url}/health", timeout=30) as response:
+            return int(json.loads(response.read())["loops"].get("cancelled", 0))
+
+    before = cancelled()
+    body = {
+        "model": model,
+        "max_tokens": 300,
+        "messages": [{"role": "user", "content": "Write letters."}],
+        "guided_regex": "[a-z ]{600}",  # longer than 300 tokens: only a stop ends it early
+    }
+    host, port = server.url.removeprefix("http://").split(":")
+    connection = http.client.HTTPConnection(host, int(port), timeout=30)
+    connection.request("POST", "/v1/chat/completions", json.dumps(body).encode(),
+                       {"Content-Type": "application/json"})  # fmt: skip
+    time.sleep(0.5)  # decoding has begun
+    connection.sock.close()  # the client goes away without reading the answer
+    waited = 0.0
+    while cancelled() == before and waited < 120:  # the loop stops at its next step
+        time.sleep(0.25)
+        waited += 0.25
+    assert cancelled() == before + 1

@@ -13,6 +13,7 @@ that uses the model answers within ``limits.request_seconds`` (503 or 504 past i
 
 from __future__ import annotations
 
+import asyncio
 import hmac
 import logging
 import socket
@@ -25,9 +26,11 @@ from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import HTMLResponse, JSONResponse, StreamingResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from formline.server.engine import Engine
+from formline.pipeline.listeners import StepListener
+from formline.server.engine import ChoiceOutput, Completion, Engine
 from formline.server.errors import ApiError, error_body
 from formline.server.requests import (
+    ChatRequest,
     Limits,
     parse_body,
     parse_chat_request,
@@ -76,7 +79,7 @@ def create_app(engine: Engine, api_key: str | None = None) -> FastAPI:
             events = await stream_request(engine, chat, writer)
             return StreamingResponse(events, media_type="text/event-stream")
         # The deadline starts here: a wait for a worker thread counts (it did not).
-        completion = await run_in_threadpool(engine.complete, chat, deadline=engine.deadline())
+        completion = await complete_while_connected(engine, request, chat, engine.deadline())
         return JSONResponse(completion_body(completion, engine.model_id))
 
     @app.post("/v1/responses", response_model=None)
@@ -89,7 +92,7 @@ def create_app(engine: Engine, api_key: str | None = None) -> FastAPI:
             events = await stream_request(engine, checked.chat, writer)
             return StreamingResponse(events, media_type="text/event-stream")
         deadline = engine.deadline()  # from the request's arrival, as for chat completions
-        completion = await run_in_threadpool(engine.complete, checked.chat, deadline=deadline)
+        completion = await complete_while_connected(engine, request, checked.chat, deadline)
         return JSONResponse(response_body(checked, completion, engine.model_id))
 
     @app.post("/trace", response_model=None)
@@ -123,6 +126,55 @@ async def read_body(request: Request, limits: Limits) -> bytes:
             raise request_too_large(f"more than {limits.max_request_bytes} bytes", limits)
         chunks.append(chunk)
     return b"".join(chunks)
+
+
+async def complete_while_connected(
+    engine: Engine, request: Request, chat: ChatRequest, deadline: float
+) -> Completion:
+    """``engine.complete(chat)`` by ``deadline`` (from the request's arrival: a wait for a
+    worker thread counts), stopped at its next step once the client has gone: a dropped
+    non-streaming client kept the model decoding to ``max_tokens`` while the next request
+    waited (a stream stops through its own events). Costs a disconnect check every
+    :data:`DISCONNECT_CHECK_SECONDS` while it runs."""
+    gone = threading.Event()
+    work = asyncio.ensure_future(
+        run_in_threadpool(engine.complete, chat, None, lambda *_: _WhileConnected(gone), deadline)
+    )
+    try:
+        while not work.done():
+            await asyncio.wait({work}, timeout=DISCONNECT_CHECK_SECONDS)
+            if not work.done() and await request.is_disconnected():
+                gone.set()
+        return work.result()
+    finally:
+        gone.set()  # a handler cancelled (a shutdown) stops the loop too
+
+
+DISCONNECT_CHECK_SECONDS = 0.25
+
+
+class _StopsWhenGone(StepListener):
+    """Stops the loop (``"cancelled"``) at the first step after ``gone`` is set."""
+
+    def __init__(self, gone: threading.Event):
+        self.gone = gone
+
+    def on_output(self, output: list[int]) -> str | None:
+        return "cancelled" if self.gone.is_set() else None
+
+
+class _WhileConnected:
+    """The :class:`~formline.server.engine.ChoiceListener` of a non-streaming choice: it
+    only stops the loop when the client has gone."""
+
+    def __init__(self, gone: threading.Event):
+        self.listener: StepListener = _StopsWhenGone(gone)
+
+    def start(self) -> None:
+        return None
+
+    def finish(self, choice: ChoiceOutput) -> None:
+        return None
 
 
 def _check_model(model: str, engine: Engine) -> None:
