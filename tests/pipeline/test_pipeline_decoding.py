@@ -12,10 +12,12 @@ import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from pydantic import BaseModel, field_validator
 
 from formline.backends.base import BackendError
-from formline.constraint import Constraint
+from formline.constraint import Choice, Constraint, Regex
 from formline.pipeline.decoding import Sampling, choose_token, decode
+from formline.pipeline.generate import InvalidOutput, TruncatedOutput, generate
 from formline.pipeline.listeners import StepListener
 from scripted import ScriptedEngine
 
@@ -79,6 +81,36 @@ def test_a_looping_model_is_closed_within_the_budget(llama_backend: Any) -> None
     assert result.finish_reason == "stop" and result.closing_tokens > 0
     assert result.completion_tokens <= 40
     assert json.loads(result.text)["names"][:3] == ["Ada", "Ada", "Ada"]
+
+
+@pytest.mark.parametrize("spare", [0, 1, 2, 3])
+def test_an_answer_that_fits_the_budget_is_the_models_own(llama_backend: Any, spare: int) -> None:
+    # The closing policy acts only when the model's next token would leave no room for a
+    # completion: closing two tokens early wrote {"name":"Ada Lovelace","age":0} here.
+    plan = person_plan(llama_backend.vocabulary)
+    needed = len(llama_backend.tokenize(ANSWER.encode()))
+    engine = ScriptedEngine(llama_backend, ANSWER)
+    sampling = Sampling(max_tokens=needed + spare)
+    result = decode(engine, PROMPT, plan.matcher(), sampling)
+    assert (result.text, result.closing_tokens, result.finish_reason) == (ANSWER, 0, "stop")
+
+
+def test_a_closed_value_is_reported_as_cut_off_by_generate(llama_backend: Any) -> None:
+    schema = {
+        "type": "object",
+        "properties": {"names": {"type": "array", "items": {"type": "string"}}},
+        "required": ["names"],
+        "additionalProperties": False,
+    }
+    looping = '{"names":[' + '"Ada",' * 200
+    result = generate(
+        "Who?", schema, ScriptedEngine(llama_backend, looping), max_tokens=40, describe_schema=False
+    )
+    assert result.usage["closing_tokens"] > 0 and result.finish_reason == "length"
+    assert result.data == json.loads(result.text) and result.errors == []
+    with pytest.raises(TruncatedOutput, match="written to close") as caught:
+        _ = result.value
+    assert caught.value.closing_tokens == result.usage["closing_tokens"]
 
 
 def test_a_refused_continuation_changes_the_output_not_the_guarantee(llama_backend: Any) -> None:
@@ -237,3 +269,46 @@ def test_a_token_that_would_overrun_the_budget_is_replaced_by_the_closing(
     result = decode(engine, PROMPT, plan.matcher(), Sampling(max_tokens=max_tokens))
     assert result.finish_reason == "stop" and result.completion_tokens <= max_tokens
     assert plan.check(json.loads(result.text)) == [] and result.closing_tokens > 0
+
+
+class Adult(BaseModel):
+    name: str
+    age: int
+
+    @field_validator("age")
+    @classmethod
+    def is_adult(cls, age: int) -> int:
+        if age < 18:
+            raise ValueError("must be an adult")
+        return age
+
+
+def test_a_models_own_validator_is_an_invalid_output(llama_backend: Any) -> None:
+    # A validator states what no schema does: .value raised pydantic's ValidationError.
+    engine = ScriptedEngine(llama_backend, '{"name":"Tim","age":12}')
+    result = generate("Tim, 12.", Adult, engine, describe_schema=False)
+    assert result.finish_reason == "stop"
+    assert result.errors == ["age: Value error, must be an adult"]
+    with pytest.raises(InvalidOutput, match="must be an adult"):
+        _ = result.value
+
+
+@pytest.mark.parametrize(
+    ("output", "answer", "error"),
+    [
+        (Choice(["yes", "no"]), "Well, maybe.", "does not match the choice"),
+        (Choice(["yes", "no"]), "ye", "ends before the choice does"),
+        (Regex(r"[0-9]{4}-[0-9]{2}"), "2024-1", "ends before the regex does"),
+    ],
+)
+def test_free_text_is_checked_against_a_regex_or_choice(
+    llama_backend: Any, output: Any, answer: str, error: str
+) -> None:
+    # free=True promised a check; a paragraph came back as a choice's value.
+    engine = ScriptedEngine(llama_backend, answer, "no")
+    result = generate("Is it?", output, engine, free=True, describe_schema=False)
+    assert result.text == answer and error in result.errors[0]
+    with pytest.raises(InvalidOutput, match=error):
+        _ = result.value
+    if isinstance(output, Choice):
+        assert generate("Is it?", output, engine, free=True).value == "no"

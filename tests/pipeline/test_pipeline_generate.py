@@ -53,7 +53,10 @@ def test_every_constrained_extraction_parses_and_validates(
         prompt = f"{task['instruction']}\n\n{task['text']}"
         result = generate(prompt, schema, backend, max_tokens=200)
         checker = compile_schema(schema, backend.vocabulary)
-        if result.finish_reason != "stop" or checker.check(json.loads(result.text)):
+        # A looping answer the budget's closing policy ended is reported as cut off
+        # ("length", its .value raises) but is still complete and valid.
+        ended = result.finish_reason == "stop" or result.usage["closing_tokens"] > 0
+        if not ended or checker.check(json.loads(result.text)):
             failures.append((task["id"], result.finish_reason, result.text))
     assert not failures, failures
 

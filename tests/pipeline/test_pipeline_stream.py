@@ -5,12 +5,15 @@ from __future__ import annotations
 
 import asyncio
 import json
+import time
 from typing import Any
 
 import pytest
 from pydantic import BaseModel
 
 import formline
+from formline.backends.base import BackendError
+from formline.pipeline.decoding import Sampling, decode
 from formline.pipeline.generate import TruncatedOutput
 from formline.pipeline.partial import partial_model
 from scripted import ScriptedEngine
@@ -80,3 +83,38 @@ def test_the_embedded_model_streams_a_valid_person(llama_backend: Any) -> None:
         formline.stream("Ada Lovelace, 36, from London. Give name and age.", Person, llama_backend)
     )
     assert isinstance(items[-1], Person) and len(items) >= 3
+
+
+class SlowEngine(ScriptedEngine):
+    """A scripted engine whose passes take a while, so a second caller meets one running."""
+
+    def forward(self, token_ids: list[int]) -> Any:
+        time.sleep(0.005)
+        return super().forward(token_ids)
+
+
+def test_a_generate_inside_a_stream_waits_for_the_streams_turn(llama_backend: Any) -> None:
+    # The stream decodes on a worker thread; a generate on the same engine meanwhile reset
+    # the engine under it (llama.cpp crashed: a segmentation fault or an abort).
+    engine = SlowEngine(llama_backend, ANSWER, '{"name":"Grace Hopper","age":85}')
+    inner = None
+    items = []
+    for item in formline.stream("Who?", Person, engine, describe_schema=False):
+        if len(items) == 1:
+            inner = formline.generate("Who else?", Person, engine, describe_schema=False)
+        items.append(item)
+    assert items[-1] == Person(name="Ada Lovelace", age=36)
+    assert inner is not None and inner.value == Person(name="Grace Hopper", age=85)
+
+
+def test_decoding_again_on_the_same_thread_is_a_named_error(llama_backend: Any) -> None:
+    # A callback of the loop that decodes on its engine would wait for its own turn.
+    engine = ScriptedEngine(llama_backend, "Hello there.", "Again.")
+
+    def nested(tokens: list[int]) -> bool:
+        decode(engine, "Nested?", None, Sampling())
+        return True
+
+    with pytest.raises(BackendError, match="already decoding on this thread"):
+        decode(engine, "Hi", None, Sampling(on_tokens=nested))
+    assert decode(engine, "Hi", None, Sampling()).finish_reason == "stop"  # the turn is free

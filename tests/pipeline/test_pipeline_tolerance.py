@@ -31,6 +31,10 @@ class Order(BaseModel):
         ("one hundred and five", True, 105),
         ("1,250.5", False, 1250.5),
         ("49,90", False, 49.9),
+        ("12,000", True, 12000),  # thousands, not a decimal comma (it read 12)
+        ("1,250,000", False, 1250000),
+        ("1,5", False, 1.5),
+        ("1.250,5", False, 1250.5),  # a decimal comma after point-grouped thousands
         ("-7", True, -7),
         ("2.5", True, None),  # not a whole number
         ("thirty or forty", True, None),  # two numbers: no guess

@@ -14,8 +14,10 @@ loop (pressure, traces, streaming, deadlines) is a :class:`StepListener`.
 
 from __future__ import annotations
 
+import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -23,7 +25,7 @@ import numpy as np
 
 from formline.backends.base import Backend, BackendError
 from formline.mask.bitmask import allocate_token_bitmask, apply_token_bitmask_inplace
-from formline.mask.matcher import CLOSING_MARGIN_TOKENS, CLOSING_WINDOW_TOKENS, GrammarMatcher
+from formline.mask.matcher import CLOSING_WINDOW_TOKENS, GrammarMatcher
 from formline.pipeline.listeners import Deadline, StepListener, TokenFeed
 from formline.pipeline.pressure import PressureListener
 
@@ -88,7 +90,10 @@ def decode(
     by ``matcher`` when given, free otherwise.
 
     Raises:
-        BackendError: the prompt does not fit the engine's context, or the engine fails.
+        BackendError: the prompt has no tokens or does not fit the engine's context, the
+            engine fails, or
+            this thread is already decoding on ``engine`` (another thread's decode on it
+            is waited for: an engine holds one sequence).
         RuntimeError: the matcher refuses a token its own mask allowed, or allows none
             (both formline bugs).
     Costs one forward pass per sampled token plus, constrained, a mask, its pressure and an
@@ -96,8 +101,59 @@ def decode(
     tokens in the sampled token's pass (on a CPU a pass of k tokens costs nearly k single
     passes, so it saves passes more than time).
     """
+    with _engine_turn(engine):
+        return _decode(engine, prompt, matcher, sampling, listeners)
+
+
+class _Turn:
+    """One engine's turn to decode: its lock and the thread that holds it."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.owner: int | None = None
+
+
+_turns: dict[int, _Turn] = {}  # by id(engine); an engine's entry lives as long as the process
+_turns_lock = threading.Lock()
+
+
+@contextmanager
+def _engine_turn(engine: Backend) -> Iterator[None]:
+    """Hold ``engine`` for one sequence: an engine holds one sequence's state (``reset``,
+    then ``forward`` appends), so a second decode on it waits for the first. Two at once
+    (``formline.generate`` inside a ``formline.stream`` loop, whose decode runs on a worker
+    thread) crashed the process in llama.cpp (a segmentation fault or an abort).
+
+    Raises:
+        BackendError: this thread is already decoding on ``engine`` (a listener or an
+            ``on_tokens`` callback that decodes on the same engine would wait for ever).
+    """
+    with _turns_lock:
+        turn = _turns.setdefault(id(engine), _Turn())
+    if turn.owner == threading.get_ident():
+        raise BackendError(
+            "this engine is already decoding on this thread (a listener or on_tokens "
+            "callback decoded on it): an engine decodes one sequence at a time"
+        )
+    with turn.lock:
+        turn.owner = threading.get_ident()
+        try:
+            yield
+        finally:
+            turn.owner = None
+
+
+def _decode(
+    engine: Backend,
+    prompt: str,
+    matcher: GrammarMatcher | None,
+    sampling: Sampling,
+    listeners: Sequence[StepListener],
+) -> Generation:
     started = time.perf_counter()
     prompt_ids = engine.tokenize_prompt(prompt)
+    if not prompt_ids:  # transformers' forward of no tokens raised a bare RuntimeError
+        raise BackendError("the prompt has no tokens: give it some text (or a bos token)")
     if len(prompt_ids) >= engine.context_size:
         raise BackendError(
             f"the prompt has {len(prompt_ids)} tokens; n_ctx is {engine.context_size}"
@@ -227,9 +283,14 @@ class _Loop:
         return True
 
     def close(self) -> bool:
-        """Write the shortest completion when it only just fits; whether it did."""
+        """Write the shortest completion when it only just fits (a margin early), for a
+        matcher that cannot take a token back; whether it did. One that can does not close
+        here: :meth:`closes_instead` lets the model choose first and replaces its token only
+        when the completion would no longer fit after it (closing here, two tokens early,
+        ``{"age":36}`` under max_tokens 6-7 came out ``{"age":0}``: an answer that fitted,
+        overwritten and reported as the model's)."""
         matcher = self.matcher
-        if matcher is None or not self.sampling.close_within_budget:
+        if matcher is None or not self.sampling.close_within_budget or self._can_roll_back(1):
             return False
         remaining = self.sampling.max_tokens - len(self.output)
         closing = matcher.closing_tokens(remaining, self.engine.tokenize)
@@ -300,15 +361,18 @@ class _Loop:
         return limit is None or limit >= count
 
     def _still_closable(self, left: int) -> bool:
-        """Whether, with ``left`` tokens after the forced ones, the shortest completion still
-        fits with the closing margin. A forced key (``"unit_price": ``) spends several
-        tokens in one step: on invoice-10 it jumped past the last step at which the array
-        could still be closed, and the answer ran into max_tokens (a cut-off in 1 of 72)."""
+        """Whether, with ``left`` tokens after the tokens just accepted, the shortest
+        completion still fits. A forced key (``"unit_price": ``) spends several tokens in
+        one step: on invoice-10 it jumped past the last step at which the array could still
+        be closed, and the answer ran into max_tokens (a cut-off in 1 of 72). No margin:
+        the caller takes the tokens back when it does not fit, and every step checks again,
+        so the completion that fitted before them is still there to write (with a 2-token
+        margin, answers that fitted exactly were overwritten)."""
         if left > CLOSING_WINDOW_TOKENS:
             return True
         assert self.matcher is not None
         completion = self.matcher.completion_tokens(self.engine.tokenize)
-        return completion is not None and len(completion) + CLOSING_MARGIN_TOKENS <= left
+        return completion is not None and len(completion) <= left
 
 
 NUCLEUS_CANDIDATES = 256  # tokens sorted first for a top-p nucleus (most nuclei hold fewer)

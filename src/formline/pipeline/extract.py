@@ -326,8 +326,8 @@ def _attempt(
     tokens = result.usage["prompt_tokens"] + completion_tokens
     value, errors, outcome = None, [], ACCEPTED
     closing = result.usage.get("closing_tokens", 0)
-    finish = "length" if closing else result.finish_reason  # as the server reports it
-    if result.finish_reason == "length":
+    finish = result.finish_reason  # "length" for a closed value too, as the server says
+    if result.finish_reason == "length" and not closing:
         errors = [f"cut off at max_tokens={budget} before the JSON was complete"]
         outcome = TRUNCATED
     elif closing:

@@ -20,6 +20,8 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+from pydantic import ValidationError
+
 from formline.backends.base import Backend, load_backend
 from formline.constraint import Constraint, Plan, field_list_description
 from formline.errors import FormlineError
@@ -54,15 +56,25 @@ _backends_lock = threading.Lock()
 
 
 class TruncatedOutput(FormlineError, ValueError):  # noqa: N818 (the name the API promises)
-    """Decoding stopped at ``max_tokens`` before the output was complete; ``text`` holds
-    what was written."""
+    """Decoding stopped at ``max_tokens`` before the output was complete, or the budget's
+    closing policy wrote its last ``closing_tokens`` tokens (a complete value whose last
+    fields are the grammar's shortest, not the model's); ``text`` holds what was written."""
 
-    def __init__(self, text: str):
+    def __init__(self, text: str, closing_tokens: int = 0):
         self.text = text
-        super().__init__(
-            f"the output was cut off at max_tokens before it was complete ({len(text)} "
-            f"characters written; raise max_tokens): {text[:80]!r}"
-        )
+        self.closing_tokens = closing_tokens
+        if closing_tokens:
+            message = (
+                f"max_tokens ran out: the last {closing_tokens} tokens were written to close "
+                "the output, not by the model (Result.data holds the closed value; raise "
+                f"max_tokens): {text[-80:]!r}"
+            )
+        else:
+            message = (
+                f"the output was cut off at max_tokens before it was complete ({len(text)} "
+                f"characters written; raise max_tokens): {text[:80]!r}"
+            )
+        super().__init__(message)
 
 
 class InvalidOutput(FormlineError, ValueError):  # noqa: N818 (pairs with TruncatedOutput)
@@ -132,11 +144,13 @@ class Result:
 
         Raises:
             TruncatedOutput: decoding stopped before the end (``max_tokens``, or a
-                ``Sampling.deadline`` / listener that stopped it).
+                ``Sampling.deadline`` / listener that stopped it), or ``max_tokens`` ran out
+                and the closing policy ended the value (``usage["closing_tokens"]``;
+                :attr:`data` holds it, checked).
             InvalidOutput: the after-check (or, in free mode, parsing) failed.
         """
         if self.finish_reason in CUT_OFF:
-            raise TruncatedOutput(self.text)
+            raise TruncatedOutput(self.text, self.usage.get("closing_tokens", 0))
         if self.errors:
             raise InvalidOutput(self.text, self.errors)
         if self.kind == "model":
@@ -335,6 +349,7 @@ class GenerationRequest:
         result = _result(
             generation, self.plan, self.compile_seconds, self.engine.vocabulary.token_bytes,
             self.given, rationale_bytes, tolerant=self.shaping.numbers == "tolerant",
+            free=self.matcher is None,
         )  # fmt: skip
         result.rationale = rationale
         result.source = self.source
@@ -443,11 +458,13 @@ def _result(
     given: Constraint | None = None,
     rationale_bytes: int = 0,
     tolerant: bool = False,
+    free: bool = False,
 ) -> Result:
     """``given``: the constraint as the caller gave it (its Pydantic model, when the one
     compiled is a rewritten schema); ``tolerant``: spelled numbers are coerced back by its
     schema; ``rationale_bytes``: the free text before the answer, whose tokens are no
-    field's."""
+    field's; ``free``: decoded without the mask, so a regex's, a choice's or a grammar's
+    text is checked against its grammar too."""
     model = plan.constraint.output_model or (given.output_model if given else None)
     errors: list[str] = []
     data: Any = UNREAD
@@ -459,9 +476,17 @@ def _result(
                 instance, coerced = coerce_numbers(instance, given.schema())
             data = instance
             errors = plan.check(instance)
+            if not errors and model is not None:
+                errors = _model_errors(model, instance)
+    elif free and plan.compiled is not None and generation.finish_reason not in CUT_OFF:
+        errors = _grammar_errors(plan, generation.text)
+    # A value the budget's closing policy ended is a cut-off, as the server and extract()
+    # report it ("length"): its last fields are the grammar's shortest (on extraction-dev,
+    # 8 of 11 such values were wrong), so .value raises; .data keeps it, parsed and checked.
+    closed = generation.finish_reason == "stop" and generation.closing_tokens > 0
     return Result(
         text=generation.text,
-        finish_reason=generation.finish_reason,
+        finish_reason="length" if closed else generation.finish_reason,
         usage={
             "prompt_tokens": generation.prompt_tokens,
             "completion_tokens": generation.completion_tokens,
@@ -489,3 +514,31 @@ def _result(
             closing_tokens=generation.closing_tokens,
         ),
     )
+
+
+def _model_errors(model: Any, instance: Any) -> list[str]:
+    """What ``model``'s own validators (``field_validator``, ``model_validator``: code that
+    no schema states) say of ``instance``, as the after-check's errors: unchecked, ``.value``
+    raised pydantic's ``ValidationError`` where it promises :class:`InvalidOutput`. Costs one
+    validation."""
+    try:
+        model.model_validate(instance)
+    except ValidationError as error:
+        return [
+            f"{'/'.join(map(str, item['loc'])) or '(root)'}: {item['msg']}"
+            for item in error.errors()
+        ]
+    return []
+
+
+def _grammar_errors(plan: Plan, text: str) -> list[str]:
+    """Whether ``text`` (decoded free) is a whole sentence of ``plan``'s regex, choice or
+    grammar: free=True promised a check, and a paragraph came back as a choice's value.
+    Costs one walk of the text through a fresh matcher."""
+    matcher = plan.matcher()
+    assert matcher is not None  # plan.compiled is not None
+    if not matcher.accept_string(text):
+        return [f"the text does not match the {plan.constraint.kind}"]
+    if not matcher.can_end():
+        return [f"the text ends before the {plan.constraint.kind} does"]
+    return []

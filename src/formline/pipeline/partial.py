@@ -35,6 +35,7 @@ class PartialJson:
         self.in_string = self.escaped = False
         self.string_start = 0
         self.unicode_left = 0  # hex digits still due after \u
+        self.escape_start = 0  # where the escape being written began (its backslash)
         self.scalar = ""  # a number or literal being written
         self.cut = 0  # text[:cut] + closing is a value...
         self.closing = ""  # ...with these brackets
@@ -47,9 +48,12 @@ class PartialJson:
             self.text += character
 
     def value(self) -> Any:
-        """The partial value: the string being written included, when it is a value."""
-        if self.is_writing_string() and not self.escaped and not self.unicode_left:
-            return self._load(self.text + '"' + self._closers())
+        """The partial value: the string being written included, when it is a value (up to
+        an escape being written: SmolLM2 writes ``\n`` as two tokens, and between them the
+        whole string, or at the top level the whole field, was left out)."""
+        if self.is_writing_string():
+            written = self.escape_start if self.escaped or self.unicode_left else len(self.text)
+            return self._load(self.text[:written] + '"' + self._closers())
         return self.complete_value()
 
     def complete_value(self) -> Any:
@@ -98,7 +102,7 @@ class PartialJson:
             self.escaped = False
             self.unicode_left = 4 if character == "u" else 0
         elif character == "\\":
-            self.escaped = True
+            self.escaped, self.escape_start = True, len(self.text)
         elif character == '"':
             self.in_string = False
             if self._expects() == "key":

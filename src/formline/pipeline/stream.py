@@ -11,8 +11,8 @@ and checked as ``formline.generate(...).value`` gives it, or the same typed erro
 
 The loop runs on a worker thread (the one decoding loop, with a :class:`TextDeltas`
 listener); leaving the iteration early stops it at its next step. The server's streamed
-chunks use the same listener. One stream per engine at a time (an engine decodes one
-sequence).
+chunks use the same listener. An engine decodes one sequence at a time: another stream or
+``generate`` on the same engine, even inside the loop, waits for this one's decoding.
 """
 
 from __future__ import annotations

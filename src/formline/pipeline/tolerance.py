@@ -26,6 +26,9 @@ NUMERIC_TYPES = ("integer", "number")
 # in an unbounded string runs into max_tokens instead of answering).
 NUMBER_TEXT = r"^[+-]?[0-9A-Za-z][0-9A-Za-z ,.'-]{0,39}$"
 PLAIN_NUMBER = re.compile(r"^[+-]?(\d+(\.\d*)?|\.\d+)([eE][+-]?\d+)?$")
+# Commas between groups of three digits, and no point: thousands ("12,000" is 12000; read
+# as a decimal comma it was 12, coerced into an integer field with confidence 1.0).
+COMMA_THOUSANDS = re.compile(r"^[+-]?\d{1,3}(,\d{3})+$")
 
 
 def map_subschemas(schema: Any, change: Callable[[dict[str, Any]], dict[str, Any]]) -> Any:
@@ -73,7 +76,12 @@ def read_number(text: str, integer: bool) -> int | float | None:
     """The one number ``text`` states (``"34"``, ``"thirty-six"``, ``"1,250.5"``), or
     ``None`` when it states none or several. ``integer``: only a whole number counts."""
     cleaned = text.strip()
-    plain = cleaned.replace(",", "") if "." in cleaned else cleaned.replace(",", ".")
+    if cleaned.rfind(",") > cleaned.rfind(".") >= 0:  # "1.250,5": points group thousands
+        plain = cleaned.replace(".", "").replace(",", ".")
+    elif "." in cleaned or COMMA_THOUSANDS.match(cleaned):
+        plain = cleaned.replace(",", "")
+    else:
+        plain = cleaned.replace(",", ".")
     if PLAIN_NUMBER.match(plain):
         found = Decimal(plain)
     else:
