@@ -11,10 +11,14 @@ import threading
 from typing import Any
 
 import numpy as np
+import pytest
 
 from formline import GrammarCompiler
-from formline.mask import BatchGrammarMatcher, allocate_token_bitmask
+from formline.grammar import Grammar
+from formline.mask import BatchGrammarMatcher, GrammarMatcher, allocate_token_bitmask
+from formline.mask.compiler import compile_grammar
 from formline.native import helper_threads, prepare_helpers, release_helpers, spin_mutex_count
+from formline.vocab import Vocabulary
 
 SCHEMA = {
     "type": "object",
@@ -223,3 +227,18 @@ def test_spin_mutex_excludes_when_it_spins_and_when_it_sleeps() -> None:
     50 µs spin, every 50th round)."""
     assert spin_mutex_count(2, 200_000) == 400_000
     assert spin_mutex_count(3, 2_000, hold_every=50, hold_microseconds=200) == 6_000
+
+
+def test_numpy_row_numbers_pass_and_bad_indices_or_shapes_are_refused() -> None:
+    vocabulary = Vocabulary.from_list([b"<eos>", b"a", b"b"], eos_ids=[0])
+    matcher = GrammarMatcher(
+        compile_grammar(Grammar.from_regex("ab"), vocabulary, disk_cache=False)
+    )
+    bitmask = allocate_token_bitmask(2, vocabulary.size)
+    assert matcher.fill_next_token_bitmask(bitmask, np.int64(1))  # a numpy row number
+    assert bitmask[1, 0] == 1 << 1 and bitmask[0, 0] == -1
+    batch = BatchGrammarMatcher(max_threads=1)
+    with pytest.raises(ValueError, match="indices must be integers"):
+        batch.batch_fill_next_token_bitmask([matcher], bitmask, [1.7])  # it was row 1
+    with pytest.raises(ValueError, match="1 or 2 dimensions"):
+        batch.batch_fill_next_token_bitmask([matcher], np.zeros((1, 1, 1), dtype=np.int32))

@@ -13,6 +13,7 @@ from pydantic import BaseModel
 
 from formline.constraint import Constraint
 from formline.mask.bitmask import allocate_token_bitmask
+from formline.mask.matcher import TokenError
 from formline.mask.tagged import TagError, TaggedMatcher
 from formline.pipeline.decoding import Sampling, decode
 from formline.pipeline.generate import GenerationRequest, Shaping, generate
@@ -58,6 +59,21 @@ def test_the_free_mask_refuses_stops_and_misused_triggers(smollm2_vocab: Any) ->
             assert pieces[token][pieces[token].index(b"{") :].startswith(b'{"') or pieces[
                 token
             ].endswith(b"{")
+
+
+def test_free_steps_name_ids_outside_the_vocabulary_and_empty_openings(
+    smollm2_vocab: Any,
+) -> None:
+    matcher = TaggedMatcher(person_compiled(smollm2_vocab), free_tokens=8)
+    for token in (-1, smollm2_vocab.size, 10**6):  # -1 read bit 31 of the last mask word
+        with pytest.raises(TokenError):
+            matcher.accept_token(token)
+    plain = smollm2_vocab.token_bytes.index(b" the")
+    assert matcher.accept_token(plain) and matcher.accept_tokens([])
+    matcher.rollback(1)  # the empty opening was an event: this undid it, not " the"
+    assert matcher.free_used == 0 and not matcher.is_answering
+    with pytest.raises(ValueError, match="cannot roll back"):
+        matcher.rollback(1)
 
 
 def test_the_trigger_opens_the_answer_and_the_rationale_stays_apart(llama_backend: Any) -> None:

@@ -103,7 +103,10 @@ class BatchGrammarMatcher:
             if count > available:
                 raise ValueError(f"a row index is outside the bitmask's {available} rows")
             return np.arange(count, dtype=np.int64)
-        rows = np.ascontiguousarray(indices, dtype=np.int64)  # copy_masks takes C order
+        given = np.asarray(indices)
+        if given.size and given.dtype.kind not in "iu":  # [1.7] was row 1, silently
+            raise ValueError(f"indices must be integers, got {given.dtype}")
+        rows = np.ascontiguousarray(given, dtype=np.int64)  # copy_masks takes C order
         if len(rows) != count:
             raise ValueError(f"{count} matchers but {len(rows)} indices")
         if count and (rows.min() < 0 or rows.max() >= available):
@@ -225,6 +228,8 @@ def _look_up(
 
 def _numpy_target(bitmask: Any) -> tuple[np.ndarray, Any]:
     """A writable int32 numpy view of ``bitmask`` and, for a non-CPU tensor, the tensor."""
+    if getattr(bitmask, "ndim", 2) not in (1, 2):  # a 3-D buffer was filled as one row
+        raise ValueError(f"the bitmask must have 1 or 2 dimensions, not shape {bitmask.shape}")
     if isinstance(bitmask, np.ndarray):
         target = bitmask if bitmask.ndim == 2 else bitmask.reshape(1, -1)
         if target.dtype != np.int32 or not target.flags.c_contiguous:

@@ -34,7 +34,7 @@ def check_bitmask(
     if len(shape) not in (1, 2):
         raise ValueError(f"the bitmask must have 1 or 2 dimensions, not shape {shape}")
     rows = shape[0] if len(shape) == 2 else 1
-    if isinstance(index, bool) or not isinstance(index, int) or not 0 <= index < rows:
+    if isinstance(index, bool) or not isinstance(index, int | np.integer) or not 0 <= index < rows:
         raise ValueError(f"row {index!r} is not one of the bitmask's {rows} rows")
     if shape[-1] < words:
         raise ValueError(

@@ -230,7 +230,8 @@ class CompiledGrammar:
         :attr:`byte_choices` keeps (the smallest first, so ties go to the smallest bytes).
 
         Raises:
-            ParserLimitError, AutomatonLimitError: as :meth:`advance_bytes`.
+            AutomatonLimitError: as :meth:`advance_bytes` (a branch past the stack limit
+                is left, not raised: another may end).
         Costs a lookup for a configuration asked before (at most :data:`COMPLETION_ENTRIES`
         kept: the closing policy asks at every step near a budget's end, and decoding comes
         back to the same configurations), else O(configurations x byte choices): 0.12 ms
@@ -256,7 +257,13 @@ class CompiledGrammar:
             next_frontier: list[tuple[frozenset[Stack], bytes]] = []
             for current, text in frontier:
                 for byte in choices[frozenset([stack[-1] for stack in current])]:
-                    result = self.advance_bytes(current, bytes((byte,)))
+                    try:
+                        result = self.advance_bytes(current, bytes((byte,)))
+                    except ParserLimitError:
+                        # That branch alone is too ambiguous: another may still end (the
+                        # error failed the request, or closed a vLLM row, inside the
+                        # closing window though the text so far was fine).
+                        continue
                     if result is None or result[0] in seen:
                         continue
                     if result[1]:

@@ -85,8 +85,17 @@ class GrammarMatcher(MatcherCore):
         for token_id in token_ids:
             if not 0 <= token_id < self._vocabulary_size:
                 self._check_id(token_id)
-        if self._terminated or self._walk(token_ids) is None:
+        body = list(token_ids)
+        # A stop token may come last, where the grammar can end (as accept_token takes it;
+        # the walk steps bytes, and refused it).
+        ends = bool(body) and body[-1] in self.compiled.vocabulary.eos_ids
+        if ends:
+            body.pop()
+        walked = None if self._terminated else self._walk(body)
+        if walked is None:
             return False  # checked first: a rollback limit must not stop the undo
+        if ends and not self._can_end_after(walked, body):
+            return False
         for token_id in token_ids:
             self.accept_token(token_id)
         return True
@@ -99,6 +108,9 @@ class GrammarMatcher(MatcherCore):
         if self._terminated:
             return False
         data = text.encode("utf-8") if isinstance(text, str) else text
+        if not data:  # the kernel's step of no bytes says "cannot end": keep the state's
+            self._push(self._stacks, self._can_end, False)
+            return True
         result = self.compiled.advance_bytes(self._stacks, data)
         if result is None:
             return False
@@ -297,12 +309,56 @@ class GrammarMatcher(MatcherCore):
         return tokens if tokens or not completion else None
 
     def _spelled(self, tokenize: Tokenize, data: bytes) -> list[int]:
-        """``tokenize(data)`` when those tokens spell exactly ``data``, else ``[]``."""
-        tokens = [int(token) for token in tokenize(data)]
-        pieces = self.compiled.vocabulary.token_bytes
-        if any(not 0 <= token < len(pieces) for token in tokens):
+        """Tokens that spell exactly ``data`` (``[]`` when none are found). Leading UTF-8
+        continuation bytes (the rest of a character a token began) are their own token, or
+        one token each: a tokenizer reads text, and replaced them (after SmolLM2's
+        ``b"\xe4\xb8"`` no closing was ever written)."""
+        vocabulary = self.compiled.vocabulary
+        lead = 0
+        while lead < min(3, len(data)) and 0x80 <= data[lead] < 0xC0:
+            lead += 1
+        head: list[int | None] = []
+        if lead:
+            whole = vocabulary.token_id(data[:lead])
+            head = [whole] if whole is not None else [
+                vocabulary.token_id(data[k : k + 1]) for k in range(lead)
+            ]  # fmt: skip
+            if None in head:
+                return []
+        rest = self._text_tokens(tokenize, data[lead:]) if lead < len(data) else []
+        if lead < len(data) and not rest:
             return []
-        return tokens if b"".join(pieces[token] for token in tokens) == data else []
+        return [int(token) for token in head if token is not None] + rest
+
+    def _text_tokens(self, tokenize: Tokenize, text: bytes) -> list[int]:
+        """``tokenize(text)`` when it spells ``text``; else the tokens after a newline in
+        ``tokenize(b"\n" + text)`` when those spell it: a SentencePiece tokenizer writes a
+        leading space (phi-3's ``'"]}'`` came back ``' "', ']}'``), so no closing or forced
+        text was ever written for those models. ``[]`` when neither spells it."""
+        pieces = self.compiled.vocabulary.token_bytes
+        for marker in (b"", b"\n"):
+            tokens = [int(token) for token in tokenize(marker + text)]
+            if any(not 0 <= token < len(pieces) for token in tokens):
+                continue
+            spelled, skip = b"", 0  # the marker's tokens, after the prefix space if any
+            while skip < len(tokens) and spelled in (b"", b" ") and spelled != marker:
+                spelled += pieces[tokens[skip]]
+                skip += 1
+            if spelled in (marker, b" " + marker) and (
+                b"".join(pieces[token] for token in tokens[skip:]) == text
+            ):
+                return tokens[skip:]
+        return []
+
+    def _can_end_after(
+        self, walked: list[tuple[frozenset[Stack], bool]], tokens: Sequence[int]
+    ) -> bool:
+        """Whether the grammar can end after ``tokens``, ``walked`` being :meth:`_walk`'s
+        configurations before each (a cached step)."""
+        if not tokens:
+            return bool(self._can_end)
+        step = self.compiled.advance(walked[-1][0], tokens[-1])
+        return step is not None and bool(step[1])
 
     def _walk(self, tokens: Sequence[int]) -> list[tuple[frozenset[Stack], bool]] | None:
         """The configuration before each of ``tokens`` from here, or ``None`` if one is

@@ -147,6 +147,9 @@ class TaggedMatcher:
             if accepted:
                 self._events.append(("inner", 0))
             return accepted
+        if not 0 <= token_id < len(self._pieces):  # -1 read bit 31 of the last word
+            self.inner._check_id(token_id)  # the grammar matcher's TokenError
+            return False
         if not self.free_mask[token_id >> 5] >> (token_id & 31) & 1:
             return False
         piece = self._pieces[token_id]
@@ -167,6 +170,8 @@ class TaggedMatcher:
     def accept_tokens(self, token_ids: Sequence[int]) -> bool:
         """Accept all of ``token_ids`` or none. Outside the answer they are the answer's
         opening (a closing completion): the answer opens first."""
+        if not token_ids:  # nothing to open the answer with: no event to roll back
+            return True
         if not self.is_answering:
             if not self.inner.accept_tokens(token_ids):
                 return False

@@ -194,7 +194,9 @@ class MaskKernel {
     int flags = 0;
     for (int32_t k = 0; k < length; ++k) {
       const bool special = step(automaton_, current, data[k], raw);
-      if (raw.empty()) return kDead;
+      // A row the state limit left unmade reads as dead: refusing the byte would refuse a
+      // valid token silently (and cache the refusal), so the limit is said first.
+      if (raw.empty()) return owner_->failed() ? kStateLimitExceeded : kDead;
       // One stack under a plain top needs no closure (it is closed, and cannot end); several
       // may have stepped into one, and the closure also removes the duplicates.
       if (special || raw.count() > 1) {
