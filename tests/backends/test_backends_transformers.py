@@ -298,3 +298,96 @@ def test_formline_stream_on_transformers(backend: Any) -> None:
     )
     assert len(items) >= 3 and all(isinstance(item, dict) for item in items)
     assert compile_schema(PERSON, backend.vocabulary).check(items[-1]) == []
+
+
+SPECULATED = r'\{"name":"[A-Za-z ]{1,30}","age":[0-9]{1,3}\}'
+
+
+@pytest.mark.parametrize("draft", ["prompt_lookup_num_tokens", "assistant_model"])
+def test_logits_processor_follows_drafts_the_model_rejects(backend: Any, draft: str) -> None:
+    # Draft tokens the model rejects leave the sequence: the processor kept them accepted
+    # and wrote '{"nameTextualReferencedById","age121' (prompt lookup), unflagged.
+    from transformers import LogitsProcessorList
+
+    from formline.backends.transformers import FormlineLogitsProcessor
+
+    compiled = compile_grammar(Grammar.from_regex(SPECULATED), backend.vocabulary)
+    question = 'Bob Stone is 41. Answer exactly {"name":"Bob Stone","age":41} as JSON.'
+    inputs = backend.tokenizer([chat(backend, question)], return_tensors="pt")
+    length = inputs["input_ids"].shape[1]
+    options = {draft: 4 if draft == "prompt_lookup_num_tokens" else backend.model}
+    texts = []
+    for extra in ({}, options):
+        processor = FormlineLogitsProcessor(compiled, length)
+        output = backend.model.generate(
+            **inputs,
+            logits_processor=LogitsProcessorList([processor]),
+            max_new_tokens=30,
+            do_sample=False,
+            pad_token_id=backend.tokenizer.pad_token_id,
+            **extra,
+        )
+        texts.append(backend.tokenizer.decode(output[0, length:], skip_special_tokens=True))
+    assert re.fullmatch(SPECULATED, texts[1]) and texts[1] == texts[0]
+
+
+def test_logits_processor_ends_on_the_eos_generate_stops_on(backend: Any) -> None:
+    # With every stop token allowed, the grammar's end wrote token 0 while generate waited
+    # for eos 2, to max_new_tokens.
+    from transformers import LogitsProcessorList
+
+    from formline.backends.transformers import FormlineLogitsProcessor
+
+    compiled = compile_grammar(Grammar.from_regex("[a-z]{1,3}"), backend.vocabulary)
+    inputs = backend.tokenizer([chat(backend, "Say hi.")], return_tensors="pt")
+    length = inputs["input_ids"].shape[1]
+    eos = backend.model.generation_config.eos_token_id
+    processor = FormlineLogitsProcessor(compiled, length, eos_token_id=eos)
+    output = backend.model.generate(
+        **inputs,
+        logits_processor=LogitsProcessorList([processor]),
+        max_new_tokens=12,
+        do_sample=False,
+        pad_token_id=backend.tokenizer.pad_token_id,
+    )
+    new = output[0, length:].tolist()
+    ends = {eos} if isinstance(eos, int) else set(eos)
+    assert len(new) < 12 and new[-1] in ends
+    with pytest.raises(ValueError, match="none of the vocabulary's stop tokens"):
+        FormlineLogitsProcessor(compiled, length, eos_token_id=[7])
+
+
+def test_special_token_text_is_tokenized_as_text_like_llama_cpp(
+    backend: Any, llama_backend: Any
+) -> None:
+    # Read as the special id, a forced "a<|endoftext|>b" could not be fed.
+    text = b"a<|endoftext|>b <|im_start|>"
+    assert backend.tokenize(text) == llama_backend.tokenize(text)
+    pieces = backend.vocabulary.token_bytes
+    assert b"".join(pieces[token] for token in backend.tokenize(text)) == text
+
+
+def test_a_truncated_gguf_is_a_backend_error(tmp_path: Any) -> None:
+    from formline.backends import BackendError
+    from formline.backends.transformers import TransformersBackend
+
+    truncated = tmp_path / "truncated.gguf"
+    with default_model_path().open("rb") as whole:
+        truncated.write_bytes(whole.read(1 << 20))
+    with pytest.raises(BackendError, match="cannot load"):
+        TransformersBackend(truncated)
+
+
+def test_an_empty_prompt_and_narrow_scores_are_named_errors(backend: Any) -> None:
+    import torch
+
+    from formline.backends import BackendError
+    from formline.backends.transformers import FormlineLogitsProcessor
+
+    with pytest.raises(BackendError, match="no tokens"):  # a bare RuntimeError in forward
+        decode(backend, "", None, Sampling(max_tokens=2))
+    compiled = compile_grammar(Grammar.from_regex("[a-z]+"), backend.vocabulary)
+    processor = FormlineLogitsProcessor(compiled, 1)
+    narrow = torch.zeros(1, backend.vocabulary.size - 100)  # was masked in part, silently
+    with pytest.raises(ValueError, match="columns"):
+        processor(torch.tensor([[1]]), narrow)

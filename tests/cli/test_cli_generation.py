@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import Any
 
 import jsonschema
+import pytest
 
 from formline.cli.main import main
 
@@ -121,3 +122,43 @@ def test_extract_names_a_bad_input_line_before_loading_the_model(
     assert main([*folder_arguments, "--output", str(tmp_path / "out.jsonl")]) == 2
     assert "bad.json (line 1 of the input)" in capsys.readouterr().err
     assert not (tmp_path / "out.jsonl").exists()  # named before the model loads: no output
+
+
+def test_a_document_the_model_cannot_take_is_its_rows_error(tmp_path: Path, capsys: Any) -> None:
+    # A document over the model's context ended the whole run, and every resume met it.
+    documents = tmp_path / "docs.jsonl"
+    rows = [
+        {"id": "a", "text": "Lagos resident Chiamaka Eze turned 29 on Saturday."},
+        {"id": "long", "text": "Ada Lovelace lived in London. " * 400},
+        {"id": "c", "text": "Mateus Carvalho, 34, sells fruit in Porto Alegre."},
+    ]
+    documents.write_text("".join(json.dumps(row) + "\n" for row in rows))
+    output = tmp_path / "out.jsonl"
+    arguments = ["extract", "--schema", str(PERSON), "--input", str(documents)]
+    assert main([*arguments, "--output", str(output)]) == 0
+    written = {row["id"]: row for row in map(json.loads, output.read_text().splitlines())}
+    assert list(written) == ["a", "long", "c"] and written["a"]["value"] and written["c"]["value"]
+    assert written["long"]["value"] is None and "n_ctx" in written["long"]["error"]
+    assert "3 written (1 with a model error)" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    "flags",
+    [["--max-tokens", "0"], ["--temperature", "-1"], ["--top-p", "5"], ["--top-p", "0"]],
+)
+def test_out_of_range_model_flags_are_usage_errors(flags: list[str], capsys: Any) -> None:
+    with pytest.raises(SystemExit) as caught:
+        main(["generate", *flags, "Ada"])
+    assert caught.value.code == 2 and flags[0] in capsys.readouterr().err
+
+
+def test_demo_and_compile_read_the_embedded_models_vocabulary(
+    monkeypatch: Any, tmp_path: Path, capsys: Any
+) -> None:
+    # They read the test fixtures' cache, which a user's machine does not have.
+    monkeypatch.setenv("FORMLINE_CACHE_DIR", str(tmp_path / "empty"))
+    assert main(["demo"]) == 0
+    schema = tmp_path / "s.json"
+    schema.write_text(json.dumps({"type": "integer"}))
+    assert main(["compile", "--schema", str(schema)]) == 0
+    assert "fixture" not in capsys.readouterr().err

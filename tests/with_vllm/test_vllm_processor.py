@@ -125,6 +125,26 @@ def test_a_complete_value_ends_on_the_requests_own_stop_token(
     assert not processor.rows[0].closed
 
 
+def test_a_stop_token_is_never_the_grammars_text(processor: FormlineLogitsProcessor) -> None:
+    # vLLM ends the request on a stop token: a '.' among them cut [0-9]+\.[0-9]+ to "18".
+    point = token_of(processor, ".")
+    number = vllm_xargs(regex=r"[0-9]+\.[0-9]+")
+    output = [token_of(processor, "1")]
+    processor.update_state(update(1, add=[added(0, number, output, stop_token_ids=[point, 2])]))
+    logits = torch.zeros(1, VOCABULARY_SIZE)
+    processor.apply(logits)
+    allowed = finite_ids(logits[0])
+    assert point not in allowed and set(allowed) < set(allowed_ids(number, "1", processor))
+    assert point in allowed_ids(number, "1", processor)  # the grammar's text, without it
+    # Every token the grammar allows here is a stop token: the row ends, not a NaN draw.
+    only_point = vllm_xargs(regex=r"1\.")
+    processor.update_state(update(2, add=[added(1, only_point, [token_of(processor, "1")],
+                                                stop_token_ids=[point, 2])]))  # fmt: skip
+    logits = torch.zeros(2, VOCABULARY_SIZE)
+    processor.apply(logits)
+    assert processor.rows[1].closed and finite_ids(logits[1]) == [2, point]
+
+
 def test_a_placeholder_waits_for_its_real_token(processor: FormlineLogitsProcessor) -> None:
     output = [-1]  # async scheduling: the sampled id is not on the CPU yet
     processor.update_state(update(1, add=[added(0, DIGITS, output)]))

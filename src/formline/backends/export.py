@@ -11,6 +11,7 @@ Run ``python -m formline.backends.export [GGUF] [--dtype bfloat16]``: prints the
 from __future__ import annotations
 
 import argparse
+import hashlib
 import shutil
 import sys
 from pathlib import Path
@@ -32,7 +33,9 @@ def exported_model_directory(gguf: Path | None = None, dtype: str = "bfloat16") 
     for SmolLM2-135M in bfloat16); afterwards one ``stat``.
     """
     source = Path(gguf) if gguf is not None else default_model_path()
-    target = cache_directory() / "models" / f"{source.name.removesuffix('.gguf')}-{dtype}"
+    if not source.is_file():
+        raise BackendError(f"no GGUF model file at {source}")
+    target = cache_directory() / "models" / _directory_name(source, dtype)
     if (target / MARKER).is_file():
         return target
     try:
@@ -61,6 +64,16 @@ def exported_model_directory(gguf: Path | None = None, dtype: str = "bfloat16") 
     shutil.rmtree(target, ignore_errors=True)
     partial.rename(target)
     return target
+
+
+def _directory_name(source: Path, dtype: str) -> str:
+    """The export's directory name: the file's name and ``dtype``, and a digest of its
+    resolved path, size and modification time (keyed by name and dtype alone, another
+    ``model.gguf``, or a missing one, was answered with the first one's export)."""
+    status = source.stat()
+    identity = f"{source.resolve()}\0{status.st_size}\0{status.st_mtime_ns}"
+    digest = hashlib.sha256(identity.encode("utf-8", "surrogateescape")).hexdigest()[:12]
+    return f"{source.name.removesuffix('.gguf')}-{dtype}-{digest}"
 
 
 def _dequantized(source: Path) -> dict[str, Any]:

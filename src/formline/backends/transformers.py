@@ -134,8 +134,12 @@ class TransformersBackend:
 
     def tokenize(self, text: bytes) -> list[int]:
         """``text``'s tokens alone (no special tokens added)."""
+        # Special tokens' texts stay text (as llama.cpp tokenizes them here): read as the
+        # special ids, a forced "a<|endoftext|>b" could not be fed and the answer ran out.
         ids: list[int] = self.tokenizer.encode(
-            text.decode("utf-8", errors="replace"), add_special_tokens=False
+            text.decode("utf-8", errors="replace"),
+            add_special_tokens=False,
+            split_special_tokens=True,
         )
         return ids
 
@@ -187,34 +191,55 @@ def _load(path: Path, dtype: str | None) -> tuple[Any, Any]:
         model = AutoModelForCausalLM.from_pretrained(
             directory, local_files_only=True, **model_options
         )
-    except (OSError, ValueError, KeyError) as error:
+    except Exception as error:  # a truncated GGUF raised struct.error: a traceback, exit 1
         raise BackendError(f"{path}: transformers cannot load the model: {error}") from error
     return tokenizer, model
+
+
+# The most draft tokens a refused one may stay behind (transformers' assistant drafts 20 by
+# default, prompt lookup 10); also how far back a call that did not grow by one compares.
+LOOKBACK_TOKENS = 64
 
 
 class FormlineLogitsProcessor(LogitsProcessor):
     """A grammar constraint for ``model.generate(..., logits_processor=[processor])``.
 
     Keeps one :class:`GrammarMatcher` per batch row, created at the first call. Each call
-    accepts the rows' new tokens (``input_ids[row, prompt_length:]``) and masks every row's
+    follows the rows' tokens (``input_ids[row, prompt_length:]``) and masks every row's
     scores with one batched ``(batch, words)`` bitmask; a row whose matcher has accepted a
     stop token gets only eos allowed. Works with greedy and sampling (``generate`` applies
-    temperature and top-p after this processor) and with left-padded batches. Beam search
-    is not supported (beams reorder rows). Use a fresh processor per ``generate`` call.
+    temperature and top-p after this processor), with left-padded batches, and with
+    assisted and prompt-lookup decoding: a sequence that loses tokens (draft tokens the
+    model rejected) is rolled back to what it kept, and a draft token the grammar refuses
+    is left unaccepted (verification rejects it: its position's scores were masked). Beam
+    search is not supported (beams reorder rows). Use a fresh processor per ``generate``.
 
     Args:
         grammar: a :class:`CompiledGrammar`, or an object with ``.compiled_grammar`` (a
             ``CompiledSchema``).
         prompt_length: the padded prompt length (``input_ids.shape[1]``), one per row, or
             ``None`` for the length of ``input_ids`` at the first call.
+        eos_token_id: the ids ``generate`` stops on (``model.generation_config
+            .eos_token_id``): where the grammar ends only they are allowed. Left out, every
+            stop token of the vocabulary is (SmolLM2 has three, and ``generate``, stopping on
+            one, wrote another to ``max_new_tokens``).
 
     Raises (at a call):
-        RuntimeError: a row's matcher refused its generated token (another processor or
-            beam search changed the tokens), or the batch size changed between calls.
-    Costs per call: one mask fill per row (a cached lookup) and one vectorised apply.
+        ValueError: ``scores`` are narrower than the grammar's vocabulary.
+        RuntimeError: a token the grammar refuses stayed in a row for
+            :data:`LOOKBACK_TOKENS` more tokens (no draft is that long: another processor
+            or beam search changed the tokens), or the batch size changed between calls.
+        ValueError (at construction): none of ``eos_token_id`` is a stop token.
+    Costs per call: one mask fill per row (a cached lookup) and one vectorised apply; a
+    call whose sequence did not grow by one token compares the last LOOKBACK_TOKENS.
     """
 
-    def __init__(self, grammar: Any, prompt_length: int | Sequence[int] | None = None):
+    def __init__(
+        self,
+        grammar: Any,
+        prompt_length: int | Sequence[int] | None = None,
+        eos_token_id: int | Sequence[int] | None = None,
+    ):
         compiled = getattr(grammar, "compiled_grammar", grammar)
         if not isinstance(compiled, CompiledGrammar):
             raise TypeError(
@@ -224,8 +249,12 @@ class FormlineLogitsProcessor(LogitsProcessor):
         self.compiled = compiled
         self.prompt_length = prompt_length
         self.matchers: list[GrammarMatcher] = []
-        self._seen: list[int] = []  # per row: the columns of input_ids already accepted
+        self._starts: list[int] = []  # per row: the column its output starts at
+        self._tokens: list[list[int]] = []  # per row: its output tokens as last seen
+        self._fed: list[int] = []  # per row: how many of them its matcher accepted
+        self._length = 0  # input_ids' width at the last call
         self._bitmask: np.ndarray | None = None
+        self._keep = _end_words(compiled.vocabulary, eos_token_id)
 
     def _start(self, input_ids: Any) -> None:
         batch = int(input_ids.shape[0])
@@ -236,11 +265,14 @@ class FormlineLogitsProcessor(LogitsProcessor):
         if len(starts) != batch:
             raise ValueError(f"{len(starts)} prompt lengths for a batch of {batch}")
         self.matchers = [GrammarMatcher(self.compiled) for _ in range(batch)]
-        self._seen = starts
+        self._starts = starts
+        self._tokens = [[] for _ in range(batch)]
+        self._fed = [0] * batch
+        self._length = min(starts)
         self._bitmask = allocate_token_bitmask(batch, self.compiled.vocabulary_size)
 
     def __call__(self, input_ids: Any, scores: Any) -> Any:
-        """Accept the new tokens and mask ``scores`` (``(batch, vocab)``) in place."""
+        """Follow the rows' tokens and mask ``scores`` (``(batch, vocab)``) in place."""
         if not self.matchers:
             self._start(input_ids)
         if int(input_ids.shape[0]) != len(self.matchers):
@@ -250,17 +282,82 @@ class FormlineLogitsProcessor(LogitsProcessor):
             )
         bitmask = self._bitmask
         assert bitmask is not None
-        first = min(self._seen)  # copy only the columns not yet accepted (usually one)
+        if int(scores.shape[-1]) < self.compiled.vocabulary_size:  # masked in part, silently
+            raise ValueError(
+                f"scores have {scores.shape[-1]} columns; the grammar's vocabulary has "
+                f"{self.compiled.vocabulary_size} tokens"
+            )
+        width = int(input_ids.shape[1])
+        # Grown by one token: nothing seen can have changed, copy only the new column.
+        # Else (a draft's tokens rejected) compare the last LOOKBACK_TOKENS too.
+        lookback = 0 if width == self._length + 1 else LOOKBACK_TOKENS
+        first = min(
+            start + max(0, len(tokens) - lookback)
+            for start, tokens in zip(self._starts, self._tokens, strict=True)
+        )
+        first = min(first, width)
         rows = input_ids[:, first:].tolist()
-        for row, (matcher, ids) in enumerate(zip(self.matchers, rows, strict=True)):
-            new = ids[self._seen[row] - first :]
-            for token in new:
-                if not matcher.is_terminated() and not matcher.accept_token(int(token)):
-                    raise RuntimeError(
-                        f"row {row}: the grammar refused generated token {token} "
-                        "(did another processor or beam search change the tokens?)"
-                    )
-            self._seen[row] += len(new)
+        for row, ids in enumerate(rows):
+            self._follow(row, ids, first)
+        self._length = width
         default_batch_matcher().batch_fill_next_token_bitmask(self.matchers, bitmask)
+        if self._keep is not None:
+            bitmask &= self._keep
         apply_token_bitmask_inplace(scores, bitmask)
         return scores
+
+    def _follow(self, row: int, ids: list[int], first: int) -> None:
+        """Bring row ``row``'s matcher to its tokens, ``ids`` being its columns from
+        ``first``: the tokens it lost taken back, the new ones accepted up to a refused one
+        (a draft's: kept unaccepted, and its later tokens with it, until they are lost).
+
+        Raises:
+            RuntimeError: a refused token stayed for LOOKBACK_TOKENS more tokens.
+        """
+        start, tokens, matcher = self._starts[row], self._tokens[row], self.matchers[row]
+        if first < start:  # a shorter prompt's row: its prompt's columns are not its output
+            ids = ids[start - first :]
+        base = max(0, first - start)
+        common, limit = 0, min(len(tokens) - base, len(ids))
+        while common < limit and tokens[base + common] == ids[common]:
+            common += 1
+        kept = base + common
+        if kept < len(tokens):
+            del tokens[kept:]
+            if self._fed[row] > kept:
+                matcher.rollback(self._fed[row] - kept)
+                self._fed[row] = kept
+        tokens.extend(ids[common:])
+        fed = self._fed[row]
+        while fed < len(tokens) and not matcher.is_terminated():
+            if not matcher.accept_token(int(tokens[fed])):
+                break
+            fed += 1
+        self._fed[row] = fed
+        if not matcher.is_terminated() and len(tokens) - fed > LOOKBACK_TOKENS:
+            raise RuntimeError(
+                f"row {row}: the grammar refused generated token {tokens[fed]} and it stayed "
+                "(did another processor or beam search change the tokens?)"
+            )
+
+
+def _end_words(vocabulary: Vocabulary, eos_token_id: int | Sequence[int] | None) -> Any:
+    """The mask words that clear the stop tokens other than ``eos_token_id`` (``None`` when
+    it is not given).
+
+    Raises:
+        ValueError: none of ``eos_token_id`` is one of the vocabulary's stop tokens.
+    """
+    if eos_token_id is None:
+        return None
+    ends = {int(eos_token_id)} if isinstance(eos_token_id, int) else set(map(int, eos_token_id))
+    if not ends & vocabulary.eos_ids:
+        raise ValueError(
+            f"eos_token_id {sorted(ends)} holds none of the vocabulary's stop tokens "
+            f"{sorted(vocabulary.eos_ids)}"
+        )
+    words = allocate_token_bitmask(1, vocabulary.size).shape[1]
+    keep = np.full(words, 0xFFFFFFFF, dtype=np.uint32)
+    for token in vocabulary.eos_ids - ends:
+        keep[token >> 5] &= ~np.uint32(1 << (token & 31))
+    return keep.view(np.int32)

@@ -17,6 +17,7 @@ from typing import Any
 
 from tqdm import tqdm
 
+from formline.backends.base import BackendError
 from formline.constraint import Choice, Regex
 from formline.jsonl import mend_torn_end, read_numbered
 from formline.pipeline.extract import Failed, extract
@@ -37,13 +38,35 @@ EXIT_TRUNCATED = 4
 EXIT_INVALID = 5
 
 
+def _at_least(lowest: float, kind: type) -> Any:
+    """An argparse type: ``kind`` of the text, refused (exit 2, naming the flag) under
+    ``lowest`` (``--max-tokens 0`` ran and exited 4, "raise max_tokens")."""
+
+    def read(text: str) -> Any:
+        value = kind(text)
+        if value < lowest:
+            raise argparse.ArgumentTypeError(f"must be at least {lowest}, got {text}")
+        return value
+
+    read.__name__ = kind.__name__  # argparse names the type in its "invalid ..." message
+    return read
+
+
+def _probability(text: str) -> float:
+    """An argparse type for ``--top-p``: a float in (0, 1]."""
+    value = float(text)
+    if not 0.0 < value <= 1.0:
+        raise argparse.ArgumentTypeError(f"must be in (0, 1], got {text}")
+    return value
+
+
 def add_model_arguments(parser: argparse.ArgumentParser) -> None:
     """``--model``, ``--backend`` and the sampling flags shared by the model commands."""
     parser.add_argument("--model", help="a GGUF file or HF model directory (default: SmolLM2)")
     parser.add_argument("--backend", default="llama_cpp", choices=("llama_cpp", "transformers"))
-    parser.add_argument("--max-tokens", type=int, default=256)
-    parser.add_argument("--temperature", type=float, default=0.0)
-    parser.add_argument("--top-p", type=float, default=1.0)
+    parser.add_argument("--max-tokens", type=_at_least(1, int), default=256)
+    parser.add_argument("--temperature", type=_at_least(0.0, float), default=0.0)
+    parser.add_argument("--top-p", type=_probability, default=1.0, help="in (0, 1]")
     parser.add_argument("--seed", type=int, default=None)
     parser.add_argument("--free", action="store_true", help="no mask (for comparison)")
     parser.add_argument(
@@ -133,6 +156,8 @@ def run_generate(arguments: argparse.Namespace) -> int:
     output = output_spec(arguments)
     backend = _backend(arguments)
     result = _generate(arguments, arguments.prompt, output, backend)
+    if arguments.verbose:  # on exits 4 and 5 too, where the usage says most
+        print(json.dumps({"usage": result.usage, "timings": result.timings}), file=sys.stderr)
     try:
         value = result.value
     except TruncatedOutput as error:
@@ -144,8 +169,6 @@ def run_generate(arguments: argparse.Namespace) -> int:
         print(f"formline: error: {error}", file=sys.stderr)
         return EXIT_INVALID
     print(json.dumps(value, ensure_ascii=False) if result.kind != "text" else value)
-    if arguments.verbose:
-        print(json.dumps({"usage": result.usage, "timings": result.timings}), file=sys.stderr)
     return 0
 
 
@@ -167,17 +190,25 @@ def run_extract(arguments: argparse.Namespace) -> int:
     for row in pending:  # every schema read and checked before the model loads
         _row_schema(arguments, row, schemas)
     backend = _backend(arguments)
+    failed = 0
     with output_path.open("a", encoding="utf-8") as sink:
         for row in tqdm(pending, desc="extract", unit="doc", file=sys.stderr, disable=None):
             schema = _row_schema(arguments, row, schemas)
-            record = _extract_row(arguments, row, schema, backend)
+            try:
+                record = _extract_row(arguments, row, schema, backend)
+            except BackendError as error:
+                # A document the model cannot take (longer than its context) is that row's
+                # error: it ended the whole run, and every resume met it again.
+                record = {"id": row.get("id"), "value": None, "error": str(error)}
+                failed += 1
             record.update(
                 line=row["line"], **({"schema": row["schema"]} if "schema" in row else {})
             )
             sink.write(json.dumps(record) + "\n")
             sink.flush()
     already = len(rows) - len(pending)
-    print(f"formline: {len(pending)} written, {already} already there", file=sys.stderr)
+    failures = f" ({failed} with a model error)" if failed else ""
+    print(f"formline: {len(pending)} written{failures}, {already} already there", file=sys.stderr)
     return 0
 
 
@@ -313,7 +344,10 @@ def register(commands: Any) -> None:
     extract.add_argument("--input", required=True, help="JSONL: id, text, [instruction, schema]")
     extract.add_argument("--output", required=True, help="JSONL, appended to (resumable)")
     extract.add_argument(
-        "--repair", type=int, default=1, help="attempts of the repair loop (1: no repair)"
+        "--repair",
+        type=_at_least(1, int),
+        default=1,
+        help="attempts of the repair loop (1: no repair)",
     )  # with --ground, one attempt still runs the loop: it is what checks the values
     extract.add_argument("--ground", action="store_true", help="check values against the text")
     add_model_arguments(extract)

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import numpy as np
 
-from formline.backends.base import BackendError
+from formline.backends.base import BackendError, default_model_path
 from formline.cli.generation import EXIT_BACKEND
 from formline.cli.generation import register as register_generation
 from formline.evaluation.cli import register as register_evaluation
@@ -35,16 +35,15 @@ from formline.schema.lint import lint_schema
 from formline.server.cli import register as register_serve
 from formline.trace.cli import register as register_trace
 from formline.vocab import Vocabulary
-from formline.vocab.fixtures import fixture_path
 
 DEMO_PATTERN = r'\{"name":"[A-Z][a-z]+( [A-Z][a-z]+)*","age":(0|[1-9][0-9]{0,2})\}'
 DEMO_WISH = 'Sure! Here is the JSON:\n```json\n{"name": "Ada Lovelace", "age": "thirty-six"}\n```'
 
 
 def _load_vocabulary(path: str | None) -> Vocabulary:
-    if path:
-        return Vocabulary.from_gguf(path)
-    return Vocabulary.from_gguf(fixture_path("smollm2"))
+    """The vocabulary of ``path``, else the embedded model's (the installed wheel's GGUF: the
+    test fixture cache, read before, is not there on a user's machine)."""
+    return Vocabulary.from_gguf(path or default_model_path())
 
 
 def _wish_scores(vocabulary: Vocabulary, wish: bytes, produced: bytes) -> np.ndarray:

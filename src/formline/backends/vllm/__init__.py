@@ -1,10 +1,11 @@
 """formline inside vLLM: a batch-level (v1) logits processor, one matcher per request.
 
-Start vLLM with ``--logits-processors formline.backends.vllm:FormlineLogitsProcessor`` (or
-install formline in vLLM's environment: the ``vllm.logits_processors`` entry point loads it
-by itself), then ask for a constraint per request through ``vllm_xargs`` (the OpenAI server)
-or ``SamplingParams(extra_args=...)`` (offline), one of the keys in
-:data:`~formline.backends.vllm.constraints.KEYS`. Requests without them pass untouched.
+Start vLLM with ``--logits-processors formline.backends.vllm:FormlineLogitsProcessor``
+(formline declares no entry point that loads it by itself: without the flag vLLM ignores
+the constraint keys and decodes unconstrained, docs/vllm.md), then ask for a constraint per
+request through ``vllm_xargs`` (the OpenAI server) or ``SamplingParams(extra_args=...)``
+(offline), one of the keys in :data:`~formline.backends.vllm.constraints.KEYS`. Requests
+without them pass untouched.
 
 :mod:`.constraints` reads a request's constraint and imports nothing from vLLM;
 :mod:`.processor` (imported on first use of :class:`FormlineLogitsProcessor`) is the vLLM

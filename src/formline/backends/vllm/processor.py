@@ -121,10 +121,19 @@ class _Row:
         """Where the grammar may end, allow the request's own stop tokens in place of the
         tokenizer's end tokens: SmolLM2's tokenizer ends on ``<|endoftext|>`` (0) and
         ``<|im_end|>`` (2), vLLM stops on 2 only, and a 0 sampled there ran the request on
-        to ``max_tokens`` (3 of 72 extraction-dev answers, each complete but "length")."""
-        if self.stop_words is not None and self.live.can_end():
+        to ``max_tokens`` (3 of 72 extraction-dev answers, each complete but "length").
+        Elsewhere no stop token is allowed, and a row left with no token is ended."""
+        if self.stop_words is None:
+            return
+        # A stop token is never the grammar's text: vLLM ends the request on it, and a '.'
+        # in stop_token_ids cut [0-9]+\.[0-9]+ to "18", answered "stop".
+        words &= ~self.stop_words
+        if self.live.can_end():
             words &= self.not_eos_words
             words |= self.stop_words
+        elif not words.any():
+            self.close(ValueError("stop_token_ids hold every token the grammar allows"))
+            words[:] = self.ends
 
     def plan_closing(self, tokenize: Callable[[bytes], list[int]]) -> bool:
         """Whether the closing tokens must start now (then they are in :attr:`forced`,
@@ -262,9 +271,11 @@ class FormlineLogitsProcessor(LogitsProcessor):
     def _tokenize(self, text: bytes) -> list[int]:
         known = self._spellings.get(text)
         if known is None:
-            known = tuple(
+            known = tuple(  # special tokens' texts stay text, as in the other backends
                 self._tokenizer.encode(
-                    text.decode("utf-8", errors="replace"), add_special_tokens=False
+                    text.decode("utf-8", errors="replace"),
+                    add_special_tokens=False,
+                    split_special_tokens=True,
                 )
             )
             if len(self._spellings) >= SPELLING_ENTRIES:
