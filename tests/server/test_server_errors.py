@@ -316,3 +316,18 @@ def test_a_dropped_non_streaming_client_stops_its_decoding(server: Any, model: s
         time.sleep(0.25)
         waited += 0.25
     assert cancelled() == before + 1
+
+
+def test_a_malformed_tool_is_refused_even_when_it_may_not_be_called(engine: Any) -> None:
+    # tool_choice "none" left the tools' schemas unchecked (OpenAI refuses them).
+    tool = {"type": "function", "function": {"name": "f", "parameters": {"type": "objekt"}}}
+    body = {
+        "model": engine.model_id,
+        "messages": [{"role": "user", "content": "Hi"}],
+        "tools": [tool],
+        "tool_choice": "none",
+        "max_tokens": 2,
+    }
+    status, reply = post_to_a_server_of(engine, body)
+    assert status == 400 and reply["error"]["code"] == "invalid_schema"
+    assert reply["error"]["param"] == "tools[0].function.parameters"

@@ -39,3 +39,9 @@ def test_trace_refuses_bad_requests_with_the_field(server: Any) -> None:
     assert status == 400 and "schema" in body
     status, body = post(f"{server.url}/trace", {"prompt": "x", "schema": {}, "max_tokens": 10**6})
     assert status == 400 and json.loads(body)["error"]["param"] == "max_tokens"
+    # A schema past a compile limit is coded as one, as on /v1 (it was "invalid_schema").
+    huge = {"type": "array", "items": {"type": "string"}, "minItems": 100_000}
+    status, body = post(f"{server.url}/trace", {"prompt": "x", "schema": huge})
+    error = json.loads(body)["error"]
+    assert status == 400 and error["code"] == "compile_limit_exceeded"
+    assert error["param"] == "schema" and "minItems" in error["message"]

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from formline.backends.base import Backend, BackendError
+from formline.constraint import compile_error_message
 from formline.schema import SchemaError, compile_schema
 from formline.server.engine import Engine
 from formline.server.errors import ApiError, unsupported
@@ -96,10 +97,9 @@ def trace_page(engine: Engine, request: TraceRequest) -> str:
     with engine.counting_compile():  # the recorder's own compile is then a cache lookup
         try:
             compile_schema(request.schema, engine.backend.vocabulary)
-        except SchemaError as error:
-            raise ApiError(
-                f"invalid schema: {error}", param="schema", code="invalid_schema"
-            ) from error
+        except SchemaError as error:  # a compile limit is coded as one, as on /v1
+            message, code = compile_error_message(error, "schema")
+            raise ApiError(message, param="schema", code=code) from error
     if time.monotonic() > deadline:
         raise _past_deadline(engine, "compiling the schema")
     engine.hold_model(deadline)
