@@ -242,3 +242,7 @@ def test_numpy_row_numbers_pass_and_bad_indices_or_shapes_are_refused() -> None:
         batch.batch_fill_next_token_bitmask([matcher], bitmask, [1.7])  # it was row 1
     with pytest.raises(ValueError, match="1 or 2 dimensions"):
         batch.batch_fill_next_token_bitmask([matcher], np.zeros((1, 1, 1), dtype=np.int32))
+    import torch  # a test dependency (.ci/run installs it); the mask core does not import it
+
+    with pytest.raises(ValueError, match="must be int32"):  # met after the fill's work
+        batch.batch_fill_next_token_bitmask([matcher], torch.zeros(1, 1, dtype=torch.int64))

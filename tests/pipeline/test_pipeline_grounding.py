@@ -125,6 +125,7 @@ def test_number_words_in_text(text: str, expected: list[int]) -> None:
         (49.9, "2 × LED panel at 49,90 € each"),
         (Decimal("289.30"), "Total: 289,30 €."),
         (1500, "1,500 units"),
+        (1.5, "1,500 kg at 49,90 € per kg"),  # the text writes decimal commas
         (1500, "1 500 units"),
         (1500, "1\u00a0500 units"),
         (1234.56, "1.234,56 €"),
@@ -152,6 +153,8 @@ def test_digits_with_separators_are_grounded(value: int | float | Decimal, sourc
         (49, "49,90 €"),
         (90, "49,90 €"),
         (500, "1,500 units"),
+        (12, "Acme Corp employs 12,000 people."),  # read as 12.000 it grounded 12
+        (1.5, "1,500 units"),
         (42, "turned 40 in March"),
         (float("nan"), "nan"),
         (float("inf"), "infinity"),

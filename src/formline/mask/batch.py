@@ -240,6 +240,8 @@ def _numpy_target(bitmask: Any) -> tuple[np.ndarray, Any]:
         raise TypeError(
             f"bitmask must be a numpy array or a torch tensor, got {type(bitmask).__name__}"
         )
+    if bitmask.dtype != torch.int32:  # else met as a buffer mismatch after the fill's work
+        raise ValueError(f"the bitmask must be int32 (allocate_token_bitmask), not {bitmask.dtype}")
     tensor = bitmask if bitmask.dim() == 2 else bitmask.view(1, -1)
     if tensor.device.type == "cpu" and tensor.is_contiguous():
         return tensor.numpy(), None

@@ -11,10 +11,12 @@ Decisions:
   written: "Krakow" is not grounded in a text that says "Kraków". A match must start and
   end on word boundaries ("Ann" is not in "Anna"); an empty value is never grounded.
 - Numbers are read as digits and as English number words. A separated digit group reads
-  every way it can: "1,500" gives 1500 and 1.5, "49,90" gives 49.9, "Rp25.000" gives
-  25000 and 25.0, "1 500" gives 1500 (and 1 and 500); a group with no reading as one
-  number ("14.08.2024") gives its parts. Digits count only as whole runs: 36 is not in
-  "360" or "1936". Signs are not read: magnitudes are compared.
+  every way it can: "49,90" gives 49.9, "Rp25.000" gives 25000 and 25.0, "1,500" gives
+  1500 (and 1.5 only in a text that writes a decimal comma elsewhere, "49,90" or
+  "1.250,50": a comma before three digits is a thousands separator in English, and read
+  as 12 "12,000 people" grounded an extracted 12), "1 500" gives 1500 (and 1 and 500);
+  a group with no reading as one number ("14.08.2024") gives its parts. Digits count only
+  as whole runs: 36 is not in "360" or "1936". Signs are not read: magnitudes are compared.
 - Number words cover 0 to 999,999,999,999 ("seventy-one", "one hundred and eighty",
   "a thousand", "twelve hundred"); "a dozen" is 12 and "two dozen" 24; ordinals are their
   cardinals ("first" is 1, "twenty-ninth" 29, "29th" 29); "nineteen eighty-four" is two
@@ -58,6 +60,9 @@ SEPARATOR = re.compile(r"[., \u00a0\u202f\u2009]")
 SPACE = re.compile(r"[ \u00a0\u202f\u2009]")
 SCALE_AFTER_DIGITS = re.compile(r"\s*(thousand|million|billion)\b", re.IGNORECASE)
 WORD = re.compile(r"[^\W\d_]+")
+# A decimal comma the text shows: before one or two digits ("49,90") or after point-grouped
+# thousands ("1.250,50").
+DECIMAL_COMMA = re.compile(r"\d,\d{1,2}(?![\d,.])|\d\.\d{3},\d")
 WORD_GAP = re.compile(r"\s*[-‐‑]?\s*")
 TYPOGRAPHY = str.maketrans("‘’‚‛′“”„‟″‐‑‒–—―", "'''''\"\"\"\"\"------")
 
@@ -259,8 +264,9 @@ def _selects(selector: str, path: str, generic: str) -> bool:
 def _digit_numbers(source: str) -> Iterator[tuple[int, Decimal]]:
     """(position, value) for every reading of every digit group, with a following scale
     word applied ("1.5 million")."""
+    decimal_comma = DECIMAL_COMMA.search(source) is not None
     for match in DIGITS.finditer(source):
-        readings = _readings(match.group())
+        readings = _readings(match.group(), decimal_comma)
         scale = SCALE_AFTER_DIGITS.match(source, match.end())
         if scale:
             readings |= {value * SCALES[scale.group(1).lower()] for value in readings}
@@ -268,8 +274,9 @@ def _digit_numbers(source: str) -> Iterator[tuple[int, Decimal]]:
             yield match.start(), value
 
 
-def _readings(group: str) -> set[Decimal]:
-    """Every value a digit group can mean (see the module docstring)."""
+def _readings(group: str, decimal_comma: bool = True) -> set[Decimal]:
+    """Every value a digit group can mean (see the module docstring); ``decimal_comma``:
+    the text writes a decimal comma somewhere, so a comma before three digits may be one."""
     parts, separators = SEPARATOR.split(group), SEPARATOR.findall(group)
     if not separators:
         return {Decimal(group)}
@@ -277,14 +284,19 @@ def _readings(group: str) -> set[Decimal]:
     if _thousands(parts, separators):
         readings.add(Decimal("".join(parts)))
     point = separators[-1]
-    if point in ".," and (
-        len(parts) == 2
-        or (_thousands(parts[:-1], separators[:-1]) and point not in separators[:-1])
+    comma_thousands = point == "," and len(parts[-1]) == 3 and readings and not decimal_comma
+    if (
+        point in ".,"
+        and not comma_thousands
+        and (
+            len(parts) == 2
+            or (_thousands(parts[:-1], separators[:-1]) and point not in separators[:-1])
+        )
     ):
         readings.add(Decimal("".join(parts[:-1]) + "." + parts[-1]))
     if SPACE.search(group):  # a space may also stand between two numbers
         for piece in SPACE.split(group):
-            readings |= _readings(piece)
+            readings |= _readings(piece, decimal_comma)
     elif not readings:
         readings = {Decimal(part) for part in parts}
     return readings
