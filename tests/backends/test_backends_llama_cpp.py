@@ -28,6 +28,7 @@ from formline.backends.base import (  # noqa: E402
     default_model_path,
 )
 from formline.backends.llama_cpp import (  # noqa: E402
+    DEFAULT_CONTEXT_CAP,
     LlamaCppBackend,
     LlamaCppLogitsProcessor,
 )
@@ -35,6 +36,8 @@ from formline.grammar.ir import Grammar  # noqa: E402
 from formline.mask import GrammarMatcher, compile_grammar  # noqa: E402
 from formline.pipeline.decoding import Sampling, decode  # noqa: E402
 from formline.schema import compile_schema  # noqa: E402
+from formline.vocab.fixtures import fixture_path  # noqa: E402
+from formline.vocab.gguf_reader import read_gguf_tokenizer  # noqa: E402
 
 PERSON_SCHEMA: dict[str, Any] = {
     "type": "object",
@@ -257,3 +260,10 @@ def test_a_passed_deadline_stops_before_decoding(backend: LlamaCppBackend) -> No
     prompt = backend.render_chat([{"role": "user", "content": "Count from one to twenty."}])
     result = decode(backend, prompt, None, Sampling(max_tokens=30, deadline=time.monotonic()))
     assert result.finish_reason == "timeout" and result.token_ids == []
+
+
+def test_the_default_context_is_the_trained_one_up_to_the_cap(llama_backend: Any) -> None:
+    # A fixed 2,048 refused a 2,300-token document that SmolLM2 (trained on 8,192) reads.
+    assert read_gguf_tokenizer(default_model_path()).context_length == 8192
+    assert llama_backend.context_size == min(8192, DEFAULT_CONTEXT_CAP)
+    assert read_gguf_tokenizer(fixture_path("qwen2")).context_length == 32768

@@ -129,7 +129,7 @@ def test_a_document_the_model_cannot_take_is_its_rows_error(tmp_path: Path, caps
     documents = tmp_path / "docs.jsonl"
     rows = [
         {"id": "a", "text": "Lagos resident Chiamaka Eze turned 29 on Saturday."},
-        {"id": "long", "text": "Ada Lovelace lived in London. " * 400},
+        {"id": "long", "text": "Ada Lovelace lived in London. " * 1500},  # over 8,192 tokens
         {"id": "c", "text": "Mateus Carvalho, 34, sells fruit in Porto Alegre."},
     ]
     documents.write_text("".join(json.dumps(row) + "\n" for row in rows))

@@ -135,11 +135,11 @@ def test_a_streamed_decode_past_the_time_limit_ends_with_an_error_event(
 def test_a_streamed_prompt_over_the_context_is_400_not_an_error_inside_a_stream(
     client: Any, model: str
 ) -> None:
-    # n_ctx is 2,048 tokens: 3,000 words are past it. The stream's opening waits until the
+    # n_ctx is 8,192 tokens: 9,000 words are past it. The stream's opening waits until the
     # prompt is known to fit, so the refusal is the response's status, before any chunk.
     with pytest.raises(openai.BadRequestError) as refused:
         client.chat.completions.create(
-            model=model, messages=ask("word " * 3000), max_tokens=4, stream=True
+            model=model, messages=ask("word " * 9000), max_tokens=4, stream=True
         )
     assert refused.value.code == "context_length_exceeded"
     stream = client.chat.completions.create(

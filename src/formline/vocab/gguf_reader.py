@@ -87,6 +87,7 @@ class GGUFTokenizer:
     architecture: str | None
     # FIM stop kind (special_texts' "pad", "repo", "separator") -> the id the file names
     fill_in_the_middle_ids: dict[str, int] = field(default_factory=dict)
+    context_length: int | None = None  # {architecture}.context_length: the trained context
 
 
 class _HeaderWalker:
@@ -195,11 +196,11 @@ def _read_header_keys(buffer: Any, path: str) -> dict[str, Any]:
             raise VocabularyError(f"{path}: GGUF key {key!r} appears twice in the header")
         seen.add(key)
         value_type = walker.scalar("I")
-        wanted = key in _WANTED_KEYS
+        wanted = key in _WANTED_KEYS or key.endswith(".context_length")
         value = walker.value(value_type, keep=wanted)
         if wanted:
             found[key] = value
-        if len(found) == len(_WANTED_KEYS):
+        if len(found) > len(_WANTED_KEYS):  # each wanted key and a context length
             break
     return found
 
@@ -269,6 +270,7 @@ def _tokenizer_from_keys(keys: dict[str, Any], path: str) -> GGUFTokenizer:
             for word, kind in _FIM_KINDS.items()
             if (value := optional_id(f"tokenizer.ggml.fim_{word}_token_id")) is not None
         },
+        context_length=optional_id(f"{optional_text('general.architecture')}.context_length"),
     )
 
 
