@@ -1,5 +1,7 @@
 """EBNF/GBNF front end: parsing, positions in errors, and the languages it builds."""
 
+from typing import Any
+
 import pytest
 
 from formline.grammar import Grammar, GrammarError, RuleReference
@@ -116,3 +118,40 @@ def test_left_recursion_is_refused_with_the_cycle() -> None:
 def test_grammar_matching_nothing_is_refused() -> None:
     with pytest.raises(GrammarError, match="matches no string"):
         build_pushdown(Grammar.from_ebnf('root ::= "a" root'))
+
+
+@pytest.mark.parametrize(
+    ("spaced", "tight"),
+    [
+        ('root ::= "a" *', 'root ::= "a"*'),
+        ("root ::= [a-z] +", "root ::= [a-z]+"),
+        ('root ::= ( "a" ) ?', 'root ::= ("a")?'),
+        ('root ::= "a" {2}', 'root ::= "a"{2}'),
+        ('root ::= "a"{2,\t3}', 'root ::= "a"{2,3}'),
+        ('root ::= ("a"\n  *)', 'root ::= ("a")*'),
+    ],
+)
+def test_an_operator_may_follow_a_space_as_in_llama_cpp(spaced: str, tight: str) -> None:
+    # llama.cpp skips spaces after an element: '"a" *' was "unexpected '*'".
+    assert Grammar.from_gbnf(spaced).rules == Grammar.from_gbnf(tight).rules
+
+
+def test_an_operator_on_the_next_line_of_a_rule_is_still_an_error() -> None:
+    with pytest.raises(GrammarError, match="line 2"):
+        Grammar.from_gbnf('root ::= "a"\n  *')
+
+
+@pytest.mark.parametrize(
+    ("make", "value"),
+    [
+        (Grammar.from_regex, b"abc"),
+        (Grammar.from_regex, None),
+        (Grammar.from_gbnf, b'root ::= "a"'),
+        (Grammar.from_ebnf, None),
+        (Grammar.from_choices, "yes"),  # it was read as the choices y, e and s
+        (Grammar.from_choices, [1, 2]),
+    ],
+)
+def test_values_of_the_wrong_type_are_type_errors(make: Any, value: Any) -> None:
+    with pytest.raises(TypeError, match="must be"):  # a bare AttributeError, or misread
+        make(value)

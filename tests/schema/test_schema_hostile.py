@@ -270,3 +270,17 @@ def test_a_non_finite_number_in_data_named_like_an_annotation(schema: Any) -> No
     # Inside const and enum a key named default is data the grammar writes ("Infinity").
     with pytest.raises(SchemaError, match="not a JSON number"):
         schema_to_grammar(schema)
+
+
+def test_the_time_budget_stops_a_long_rule_chain(smollm2_vocab: Vocabulary) -> None:
+    # The IR's facts settle one rule of a chain per pass, and the passes never asked the
+    # clock: 100,000 rules ran 58 s past a 5 s budget.
+    rules = 100_000
+    text = "root ::= r0\n" + "".join(f"r{k} ::= r{k + 1}\n" for k in range(rules))
+    grammar = Grammar.from_gbnf(text + f'r{rules} ::= "x"\n')
+    started = time.perf_counter()
+    with pytest.raises(CompileLimitError, match="time budget of 1 s"):
+        compile_grammar(
+            grammar, smollm2_vocab, cache=fresh_cache(), budget=CompileBudget(seconds=1)
+        )
+    assert time.perf_counter() - started < HANG_GUARD_SECONDS

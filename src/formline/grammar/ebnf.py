@@ -38,6 +38,7 @@ from formline.grammar.utf8 import CodePointRanges, code_points_to_node, compleme
 
 _NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_\-]*")
 _SPACE = re.compile(r"(?:\s+|#[^\n]*)+")
+_LINE_SPACE = re.compile(r"(?:[ \t]+|#[^\n]*)+")  # a rule's own line: no newline
 _ESCAPES = {"n": "\n", "t": "\t", "r": "\r", "\\": "\\", '"': '"', "[": "[", "]": "]", "-": "-"}
 _ESCAPES.update({"/": "/", "^": "^", "0": "\0", "f": "\f", "v": "\v", "'": "'"})
 _HEX_LENGTHS = {"x": 2, "u": 4, "U": 8}
@@ -121,13 +122,19 @@ class _EbnfParser:
             character = self.peek()
             if character in ("", "|", ")") or (not nested and self.at_rule_start()):
                 break
-            items.append(self.parse_postfix(self.parse_primary()))
+            items.append(self.parse_postfix(self.parse_primary(), nested))
         if not items:
             return EMPTY
         return items[0] if len(items) == 1 else Sequence(tuple(items))
 
-    def parse_postfix(self, node: Node) -> Node:
+    def parse_postfix(self, node: Node, nested: bool = True) -> Node:
         while True:
+            # llama.cpp skips spaces (newlines too inside parentheses) and comments after an
+            # element, so '"a" *' is a repetition: it was "unexpected '*'".
+            gap = (_SPACE if nested else _LINE_SPACE).match(self.text, self.position)
+            after = gap.end() if gap else self.position
+            if self.text[after : after + 1] in ("*", "+", "?", "{"):
+                self.position = after
             character = self.peek()
             if character == "*":
                 node = Repeat(node, 0, None)
@@ -145,7 +152,7 @@ class _EbnfParser:
     def parse_braces(self, node: Node) -> Node:
         start = self.position
         closing = self.text.find("}", start)
-        body = self.text[start + 1 : closing].replace(" ", "") if closing > 0 else ""
+        body = re.sub(r"\s", "", self.text[start + 1 : closing]) if closing > 0 else ""
         match = re.fullmatch(r"(\d+)(,(\d*))?", body)
         if closing < 0 or not match:
             raise self.error("malformed repetition, expected {m}, {m,} or {m,n}", start)

@@ -346,9 +346,15 @@ class Grammar:
 
     @classmethod
     def from_regex(cls, pattern: str) -> Grammar:
-        """A grammar for strings that fully match ``pattern`` (see :mod:`.regex`)."""
+        """A grammar for strings that fully match ``pattern`` (see :mod:`.regex`).
+
+        Raises:
+            TypeError: ``pattern`` is not a ``str`` (bytes raised a bare AttributeError).
+            GrammarError: as :func:`~formline.grammar.regex.parse_regex`.
+        """
         from formline.grammar.regex import parse_regex
 
+        _require_text(pattern, "a regex")
         return cls({"root": parse_regex(pattern)}, "root", source=pattern)
 
     @classmethod
@@ -356,8 +362,12 @@ class Grammar:
         """A grammar for exactly one of ``choices``.
 
         Raises:
+            TypeError: ``choices`` is one string (it was read as its characters) or holds
+                something else than strings.
             GrammarError: the list is empty, or a choice is not text (a lone surrogate).
         """
+        if isinstance(choices, str | bytes) or not all(isinstance(c, str) for c in choices):
+            raise TypeError("choices must be a list of strings, not one string or other values")
         if not choices:
             raise GrammarError("a choice grammar needs at least one choice")
         for choice in choices:
@@ -367,14 +377,32 @@ class Grammar:
 
     @classmethod
     def from_ebnf(cls, text: str, start: str = "root") -> Grammar:
-        """A grammar from formline's EBNF text (GBNF plus ``/regex/`` terminals)."""
+        """A grammar from formline's EBNF text (GBNF plus ``/regex/`` terminals).
+
+        Raises:
+            TypeError: ``text`` is not a ``str``.
+            GrammarError: malformed text, with its line and column.
+        """
         from formline.grammar.ebnf import parse_ebnf
 
+        _require_text(text, "an EBNF grammar")
         return cls(parse_ebnf(text), start, source=text)
 
     @classmethod
     def from_gbnf(cls, text: str) -> Grammar:
-        """A grammar from a llama.cpp GBNF text (start rule ``root``)."""
+        """A grammar from a llama.cpp GBNF text (start rule ``root``).
+
+        Raises:
+            TypeError: ``text`` is not a ``str``.
+            GrammarError: malformed text, with its line and column.
+        """
         from formline.grammar.ebnf import parse_ebnf
 
+        _require_text(text, "a GBNF grammar")
         return cls(parse_ebnf(text, allow_regex=False), "root", source=text)
+
+
+def _require_text(value: object, what: str) -> None:
+    """Raise TypeError unless ``value`` is a ``str`` (``what`` names it)."""
+    if not isinstance(value, str):
+        raise TypeError(f"{what} must be a str, not {type(value).__name__}")

@@ -535,6 +535,7 @@ inline int build_lazy_automaton(const FlatGrammar& grammar, int32_t rule_count, 
       result = LazyBuildResult();
     }
   }
+  if (left() <= 0) return kOutOfTime;  // the facts' passes ran it out: no eager build after
   std::vector<RuleBuild> builds(rule_count);
   HelperHold hold;
   const bool is_parallel = build_rules_ahead(grammar, rule_count, start, nfa_limit, left, builds, hold);
