@@ -143,13 +143,22 @@ def test_a_document_the_model_cannot_take_is_its_rows_error(tmp_path: Path, caps
 
 
 @pytest.mark.parametrize(
-    "flags",
-    [["--max-tokens", "0"], ["--temperature", "-1"], ["--top-p", "5"], ["--top-p", "0"]],
+    "command",
+    [
+        ["generate", "--max-tokens", "0", "Ada"],
+        ["generate", "--temperature", "-1", "Ada"],
+        ["generate", "--top-p", "5", "Ada"],
+        ["generate", "--top-p", "0", "Ada"],
+        ["eval", "--max-tokens", "0"],  # it ran, and reported every rate as 0%
+        ["trace", "--schema", "s.json", "--free-samples", "-2", "Ada"],
+        ["trace", "--schema", "s.json", "--temperature", "-1", "Ada"],
+    ],
 )
-def test_out_of_range_model_flags_are_usage_errors(flags: list[str], capsys: Any) -> None:
+def test_out_of_range_model_flags_are_usage_errors(command: list[str], capsys: Any) -> None:
     with pytest.raises(SystemExit) as caught:
-        main(["generate", *flags, "Ada"])
-    assert caught.value.code == 2 and flags[0] in capsys.readouterr().err
+        main(command)
+    flag = next(word for word in command if word.startswith("--") and word != "--schema")
+    assert caught.value.code == 2 and flag in capsys.readouterr().err
 
 
 def test_demo_and_compile_read_the_embedded_models_vocabulary(

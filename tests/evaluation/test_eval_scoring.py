@@ -228,6 +228,14 @@ def test_candidate_rating_seven_point_zero_and_seven_and_true() -> None:
     assert [result["rate_skill_match"] for result in results] == [True, True, False, False]
 
 
+def test_a_total_past_float_range_is_wrong_not_a_crash() -> None:
+    # A model repeating "9" wrote a 400-digit total: abs(total - gold) raised OverflowError,
+    # which ended the eval, and every resume decoded the same output again.
+    task = make_task("invoice", INVOICE)
+    assert score_task(task, changed(task["gold"], total=int("9" * 400)))["total"] is False
+    assert score_task(task, task["gold"])["total"] is True
+
+
 def test_items_are_matched_one_to_one_not_greedily() -> None:
     gold = {**INVOICE, "items": reordered_items((1, 10.0), (1, 10.02)), "total": 20.02}
     # the first guess fits both gold items, the second only the first one

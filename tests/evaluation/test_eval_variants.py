@@ -80,6 +80,8 @@ def test_coerce_numbers_turns_string_typed_answers_back() -> None:
         ("29.0", True, 29),
         ("49,90", False, 49.9),
         ("1,250.50", False, 1250.5),
+        ("75,000", False, 75000),  # invoice-04's IDR 75,000: it read 75.0, scored wrong
+        ("1.250,5", False, 1250.5),
         ("7.5", True, 7.5),
         ("-3", False, -3),
         ("21 years", True, "21 years"),
@@ -141,6 +143,8 @@ def test_parse_variants() -> None:
     assert [v.name for v in parse_variants("free, repair,free")] == ["free", "repair"]
     with pytest.raises(ValueError, match="unknown variant"):
         parse_variants("free,nonsense")
+    with pytest.raises(ValueError, match="names no variant"):  # a matplotlib traceback
+        parse_variants(" , ")
 
 
 def test_string_typed_variant_finishes_in_the_original_types() -> None:

@@ -3,6 +3,7 @@ recorded from a short real run of the embedded SmolLM2."""
 
 from __future__ import annotations
 
+import copy
 import json
 import re
 import shutil
@@ -86,7 +87,7 @@ def test_recorded_steps_agree_with_the_output(trace: dict[str, Any]) -> None:
     run = trace["constrained"]
     steps = run["steps"]
     assert steps and len(steps) <= 24
-    text = "".join(step["chosen"] for step in steps if step["chosen"] != "<eos>")
+    text = b"".join(bytes.fromhex(step["chosen_bytes"]) for step in steps).decode()
     assert text == run["text"]
     for step in steps:
         assert 0.0 <= step["removed"] <= 1.0
@@ -134,6 +135,29 @@ def test_slider_shows_the_recorded_step(
         )
     page.click("#next")  # step 3: the automaton state at the same token
     assert page.text_content("#live-bytes") == (steps[-1]["live_bytes"] or "(stop only)")
+    assert errors == []
+
+
+def test_a_split_character_and_a_hostile_prompt_read_right(
+    browser: Any, trace: dict[str, Any], tmp_path: Path
+) -> None:
+    # Each part of a character split across tokens was shown as U+FFFD; a U+202E in the
+    # prompt reversed the header; a long prompt pushed the steps below the first screen.
+    edited = copy.deepcopy(trace)
+    steps = edited["constrained"]["steps"]
+    first, second = steps[1], steps[2]
+    first.update(chosen="\\xe4\\xb8", chosen_bytes="e4b8")
+    second.update(chosen="\\xad", chosen_bytes="ad")  # 中 is e4 b8 ad
+    edited["prompt"] = "\u202eReversed? " + "a long prompt " * 300
+    page, errors = _open(browser, write_trace_html(edited, tmp_path / "split.html"))
+    page.click('#steps button[data-step="2"]')
+    page.fill("#token-slider", "2")
+    shown = page.text_content("#output-so-far") or ""
+    assert "\ufffd" not in shown and shown.endswith("中")  # whole with the token that ends it
+    page.fill("#token-slider", "1")
+    assert "\ufffd" not in (page.text_content("#output-so-far") or "")
+    assert page.eval_on_selector("#meta bdi", "node => node.textContent.startsWith('\u202e')")
+    assert page.eval_on_selector("#meta", "node => node.getBoundingClientRect().height") < 200
     assert errors == []
 
 

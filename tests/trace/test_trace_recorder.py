@@ -5,9 +5,11 @@ from __future__ import annotations
 import json
 import re
 
+from tqdm import tqdm
+
 from formline.schema import compile_schema
 from formline.trace import classify, render_trace_html
-from formline.trace.recorder import FAILURE_REASONS, byte_ranges
+from formline.trace.recorder import FAILURE_REASONS, _field_orders, byte_ranges
 
 SCHEMA = {
     "type": "object",
@@ -53,3 +55,15 @@ def test_page_embeds_the_trace_safely() -> None:
     assert json.loads(data.group(1)) == trace
     # Self-contained: nothing fetched from anywhere.
     assert not re.search(r"""(src|href)=["']?(https?:)?//""", page)
+
+
+def test_the_added_evidence_field_takes_a_name_the_schema_does_not_use(llama_backend) -> None:
+    # A schema's own integer "evidence" was replaced by the free-text one (required twice).
+    schema = {
+        "type": "object",
+        "properties": {"name": {"type": "string", "maxLength": 8}, "evidence": {"type": "integer"}},
+        "required": ["name", "evidence"],
+    }
+    orders = _field_orders(llama_backend, "Ada, evidence 3.", schema, 24, tqdm(disable=True))
+    assert orders is not None and orders["added_field"] == "evidence_1"
+    assert all({"evidence", "evidence_1"} <= set(row["order"]) for row in orders["rows"])

@@ -18,6 +18,7 @@ from typing import Any
 from tqdm import tqdm
 
 from formline.backends.base import BackendError
+from formline.cli.arguments import at_least, probability
 from formline.constraint import Choice, Regex
 from formline.jsonl import mend_torn_end, read_numbered
 from formline.pipeline.extract import Failed, extract
@@ -38,35 +39,13 @@ EXIT_TRUNCATED = 4
 EXIT_INVALID = 5
 
 
-def _at_least(lowest: float, kind: type) -> Any:
-    """An argparse type: ``kind`` of the text, refused (exit 2, naming the flag) under
-    ``lowest`` (``--max-tokens 0`` ran and exited 4, "raise max_tokens")."""
-
-    def read(text: str) -> Any:
-        value = kind(text)
-        if value < lowest:
-            raise argparse.ArgumentTypeError(f"must be at least {lowest}, got {text}")
-        return value
-
-    read.__name__ = kind.__name__  # argparse names the type in its "invalid ..." message
-    return read
-
-
-def _probability(text: str) -> float:
-    """An argparse type for ``--top-p``: a float in (0, 1]."""
-    value = float(text)
-    if not 0.0 < value <= 1.0:
-        raise argparse.ArgumentTypeError(f"must be in (0, 1], got {text}")
-    return value
-
-
 def add_model_arguments(parser: argparse.ArgumentParser) -> None:
     """``--model``, ``--backend`` and the sampling flags shared by the model commands."""
     parser.add_argument("--model", help="a GGUF file or HF model directory (default: SmolLM2)")
     parser.add_argument("--backend", default="llama_cpp", choices=("llama_cpp", "transformers"))
-    parser.add_argument("--max-tokens", type=_at_least(1, int), default=256)
-    parser.add_argument("--temperature", type=_at_least(0.0, float), default=0.0)
-    parser.add_argument("--top-p", type=_probability, default=1.0, help="in (0, 1]")
+    parser.add_argument("--max-tokens", type=at_least(1, int), default=256)
+    parser.add_argument("--temperature", type=at_least(0.0, float), default=0.0)
+    parser.add_argument("--top-p", type=probability, default=1.0, help="in (0, 1]")
     parser.add_argument("--seed", type=int, default=None)
     parser.add_argument("--free", action="store_true", help="no mask (for comparison)")
     parser.add_argument(
@@ -345,7 +324,7 @@ def register(commands: Any) -> None:
     extract.add_argument("--output", required=True, help="JSONL, appended to (resumable)")
     extract.add_argument(
         "--repair",
-        type=_at_least(1, int),
+        type=at_least(1, int),
         default=1,
         help="attempts of the repair loop (1: no repair)",
     )  # with --ground, one attempt still runs the loop: it is what checks the values

@@ -15,6 +15,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from formline.cli.arguments import at_least
 from formline.evaluation.dataset import extraction_dev_tasks
 from formline.evaluation.plots import plot_all
 from formline.evaluation.report import load_results, write_all
@@ -61,9 +62,9 @@ def register(commands: Any) -> None:
         f"known: {', '.join(VARIANTS)})",
     )
     command.add_argument("--out", default="eval-results", help="output folder")
-    command.add_argument("--limit", type=int, help="the first N tasks of each type")
-    command.add_argument("--max-tokens", type=int, default=DEFAULT_MAX_TOKENS)
-    command.add_argument("--threads", type=int, default=1, help="llama.cpp threads")
+    command.add_argument("--limit", type=at_least(1, int), help="the first N tasks of each type")
+    command.add_argument("--max-tokens", type=at_least(1, int), default=DEFAULT_MAX_TOKENS)
+    command.add_argument("--threads", type=at_least(1, int), default=1, help="llama.cpp threads")
     command.add_argument(
         "--plot", action="store_true", help="only redraw the plots from OUT/results.json"
     )

@@ -98,8 +98,14 @@ def same_number(predicted: Any, gold: Any) -> bool:
 
 
 def same_money(predicted: Any, gold: Any) -> bool:
-    """A number within 0.01 of the gold amount."""
-    return _is_number(predicted) and abs(predicted - gold) <= MONEY_TOLERANCE + FLOAT_SLACK
+    """A number within 0.01 of the gold amount (an integer past float range is not: the
+    float difference raised OverflowError, which ended the whole eval, and every resume)."""
+    if not _is_number(predicted):
+        return False
+    try:
+        return bool(abs(predicted - gold) <= MONEY_TOLERANCE + FLOAT_SLACK)
+    except OverflowError:
+        return False
 
 
 def same_enum(predicted: Any, gold: Any) -> bool:

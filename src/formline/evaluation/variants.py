@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from formline.pipeline.extract import DEFAULT_INSTRUCTION
-from formline.pipeline.tolerance import map_subschemas
+from formline.pipeline.tolerance import map_subschemas, without_separators
 
 NUMERIC_TYPES = ("integer", "number")
 NUMERIC_KEYWORDS = ("minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum", "multipleOf")
@@ -172,7 +172,8 @@ DEFAULT_VARIANTS = ("free", "constrained", "constrained+one-shot", "string-typed
 def parse_variants(text: str | None) -> list[Variant]:
     """Variants from a comma-separated list (``None``: the default set, ``all``: every one).
 
-    Raises ValueError for an unknown name.
+    Raises ValueError for an unknown name, or a list that names none (``,`` loaded the model
+    and ended in a matplotlib traceback).
     """
     if not text:
         return [VARIANTS[name] for name in DEFAULT_VARIANTS]
@@ -180,7 +181,10 @@ def parse_variants(text: str | None) -> list[Variant]:
     unknown = [name for name in names if name and name not in VARIANTS]
     if unknown:
         raise ValueError(f"unknown variant(s) {unknown}; known: {', '.join(VARIANTS)}")
-    return [VARIANTS[name] for name in dict.fromkeys(names) if name]
+    chosen = [VARIANTS[name] for name in dict.fromkeys(names) if name]
+    if not chosen:
+        raise ValueError(f"--variants {text!r} names no variant; known: {', '.join(VARIANTS)}")
+    return chosen
 
 
 def _map_schemas(schema: Any, change: Callable[[dict[str, Any]], None]) -> Any:
@@ -213,9 +217,11 @@ def string_typed_schema(schema: dict[str, Any]) -> dict[str, Any]:
 
 
 def to_number(text: str, integer: bool) -> int | float | str:
-    """``"42"`` -> 42, ``" 49.90 "`` -> 49.9, ``"1,250.5"`` -> 1250.5; anything else is
-    returned unchanged (it then scores as a wrong type, as it should)."""
-    cleaned = text.strip().replace(",", "") if "." in text else text.strip().replace(",", ".")
+    """``"42"`` -> 42, ``" 49.90 "`` -> 49.9, ``"1,250.5"`` -> 1250.5, ``"75,000"`` -> 75000
+    (:func:`~formline.pipeline.tolerance.without_separators`: it read 75.0, and invoice-04's
+    right answers scored wrong); anything else is returned unchanged (it then scores as a
+    wrong type, as it should)."""
+    cleaned = without_separators(text.strip())
     if not _NUMBER.match(cleaned):
         return text
     number = float(cleaned)

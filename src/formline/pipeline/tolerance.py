@@ -72,16 +72,22 @@ def tolerant_schema(schema: Any) -> Any:
     return map_subschemas(schema, _tolerate)
 
 
+def without_separators(text: str) -> str:
+    """``text`` with its digit groups' separators resolved to Python's spelling: "1,250.5"
+    and "1.250,5" -> "1250.5", "12,000" -> "12000", "49,90" -> "49.90" (a comma before
+    three digits groups thousands; before one, two or four it is a decimal comma)."""
+    if text.rfind(",") > text.rfind(".") >= 0:  # "1.250,5": points group thousands
+        return text.replace(".", "").replace(",", ".")
+    if "." in text or COMMA_THOUSANDS.match(text):
+        return text.replace(",", "")
+    return text.replace(",", ".")
+
+
 def read_number(text: str, integer: bool) -> int | float | None:
     """The one number ``text`` states (``"34"``, ``"thirty-six"``, ``"1,250.5"``), or
     ``None`` when it states none or several. ``integer``: only a whole number counts."""
     cleaned = text.strip()
-    if cleaned.rfind(",") > cleaned.rfind(".") >= 0:  # "1.250,5": points group thousands
-        plain = cleaned.replace(".", "").replace(",", ".")
-    elif "." in cleaned or COMMA_THOUSANDS.match(cleaned):
-        plain = cleaned.replace(",", "")
-    else:
-        plain = cleaned.replace(",", ".")
+    plain = without_separators(cleaned)
     if PLAIN_NUMBER.match(plain):
         found = Decimal(plain)
     else:

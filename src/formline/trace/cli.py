@@ -7,6 +7,7 @@ import os
 from pathlib import Path
 from typing import Any
 
+from formline.cli.arguments import at_least
 from formline.schema import schema_of
 from formline.trace.html import write_trace_html
 from formline.trace.recorder import load_trace_backend, record_trace
@@ -49,12 +50,16 @@ def register(commands: Any) -> None:
     trace = commands.add_parser("trace", help="record a generation, write the explainer page")
     trace.add_argument("prompt", help="the request")
     trace.add_argument("--schema", required=True, help="a JSON Schema file")
-    trace.add_argument("--free-samples", type=int, default=8, help="samples per mode (N)")
-    trace.add_argument("--temperature", type=float, default=0.8, help="sampling temperature T")
-    trace.add_argument("--max-tokens", type=int, default=96)
+    trace.add_argument(
+        "--free-samples", type=at_least(1, int), default=8, help="samples per mode (N)"
+    )
+    trace.add_argument(
+        "--temperature", type=at_least(0.0, float), default=0.8, help="sampling temperature T"
+    )
+    trace.add_argument("--max-tokens", type=at_least(1, int), default=96)
     trace.add_argument("--seed", type=int, default=0)
     trace.add_argument("--model", help="a GGUF file (default: the embedded SmolLM2)")
-    trace.add_argument("--threads", type=int, default=1, help="llama.cpp threads")
+    trace.add_argument("--threads", type=at_least(1, int), default=1, help="llama.cpp threads")
     trace.add_argument("--no-field-orders", action="store_true", help="skip the order runs")
     trace.add_argument("--out", default="trace.html", help="the HTML file to write")
     trace.add_argument("--no-progress", action="store_true", help="no progress bar")

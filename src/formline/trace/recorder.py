@@ -176,7 +176,9 @@ def classify(text: str, finish: str, check: Any) -> tuple[str | None, bool]:
 
 
 def _show(piece: bytes) -> str:
-    return piece.decode("utf-8", errors="replace")
+    """A token's text; the bytes of a character it holds only part of as ``\\xNN`` (each
+    part of a split character read as U+FFFD, so the page disagreed with the run)."""
+    return piece.decode("utf-8", errors="backslashreplace")
 
 
 def _softmax(logits: np.ndarray) -> np.ndarray:
@@ -317,6 +319,7 @@ class StepRecorder(StepListener):
                 **step,
                 "after": _top(after, pieces, eos),
                 "chosen": "<eos>" if is_eos else _show(piece),
+                "chosen_bytes": "" if is_eos else piece.hex(),  # the page decodes the run
                 "chosen_id": token,
                 "chosen_p": float(after[token]),
                 "allowed": int(allowed.sum()),
@@ -382,7 +385,12 @@ def _field_orders(
         return None
     added = None
     if not any(is_evidence_field(name, sub) for name, sub in properties.items()):
-        added = "evidence"
+        # A name the schema does not use: its own non-text "evidence" was replaced.
+        added = next(
+            name
+            for name in ("evidence", *(f"evidence_{k}" for k in range(1, len(properties) + 2)))
+            if name not in properties
+        )
         schema = {**schema, "properties": {**properties, added: EVIDENCE_FIELD}}
         schema["required"] = [*schema.get("required", []), added]
     rows = []
