@@ -155,3 +155,9 @@ def test_an_operator_on_the_next_line_of_a_rule_is_still_an_error() -> None:
 def test_values_of_the_wrong_type_are_type_errors(make: Any, value: Any) -> None:
     with pytest.raises(TypeError, match="must be"):  # a bare AttributeError, or misread
         make(value)
+
+
+def test_a_choice_that_is_not_text_is_named_by_its_index() -> None:
+    # The position alone (0) did not say which of the choices it was in.
+    with pytest.raises(GrammarError, match="choice 1: U\\+DFFF is a lone surrogate"):
+        Grammar.from_choices(["ok", "\udfff"])

@@ -370,8 +370,8 @@ class Grammar:
             raise TypeError("choices must be a list of strings, not one string or other values")
         if not choices:
             raise GrammarError("a choice grammar needs at least one choice")
-        for choice in choices:
-            require_utf8(choice, "choice")
+        for index, choice in enumerate(choices):  # the index: the position is the choice's
+            require_utf8(choice, f"choice {index}")
         options = tuple(Literal(choice.encode("utf-8")) for choice in dict.fromkeys(choices))
         return cls({"root": Choice(options)}, "root")
 
