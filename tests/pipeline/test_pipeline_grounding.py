@@ -126,6 +126,7 @@ def test_number_words_in_text(text: str, expected: list[int]) -> None:
         (Decimal("289.30"), "Total: 289,30 €."),
         (1500, "1,500 units"),
         (1.5, "1,500 kg at 49,90 € per kg"),  # the text writes decimal commas
+        (0.5, "0,500 kg"),  # a leading 0 group is no thousands
         (1500, "1 500 units"),
         (1500, "1\u00a0500 units"),
         (1234.56, "1.234,56 €"),

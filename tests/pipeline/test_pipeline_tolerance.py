@@ -34,6 +34,7 @@ class Order(BaseModel):
         ("12,000", True, 12000),  # thousands, not a decimal comma (it read 12)
         ("1,250,000", False, 1250000),
         ("1,5", False, 1.5),
+        ("0,500", False, 0.5),  # a leading 0 group: a decimal comma, not 500
         ("1.250,5", False, 1250.5),  # a decimal comma after point-grouped thousands
         ("-7", True, -7),
         ("2.5", True, None),  # not a whole number

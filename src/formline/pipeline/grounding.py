@@ -284,7 +284,10 @@ def _readings(group: str, decimal_comma: bool = True) -> set[Decimal]:
     if _thousands(parts, separators):
         readings.add(Decimal("".join(parts)))
     point = separators[-1]
-    comma_thousands = point == "," and len(parts[-1]) == 3 and readings and not decimal_comma
+    comma_thousands = (  # "0,500" is no thousands: its decimal reading stays
+        point == "," and len(parts[-1]) == 3 and readings and not decimal_comma
+        and not parts[0].startswith("0")
+    )  # fmt: skip
     if (
         point in ".,"
         and not comma_thousands

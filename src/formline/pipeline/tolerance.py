@@ -28,7 +28,7 @@ NUMBER_TEXT = r"^[+-]?[0-9A-Za-z][0-9A-Za-z ,.'-]{0,39}$"
 PLAIN_NUMBER = re.compile(r"^[+-]?(\d+(\.\d*)?|\.\d+)([eE][+-]?\d+)?$")
 # Commas between groups of three digits, and no point: thousands ("12,000" is 12000; read
 # as a decimal comma it was 12, coerced into an integer field with confidence 1.0).
-COMMA_THOUSANDS = re.compile(r"^[+-]?\d{1,3}(,\d{3})+$")
+COMMA_THOUSANDS = re.compile(r"^[+-]?[1-9]\d{0,2}(,\d{3})+$")  # "0,500" is a decimal comma
 
 
 def map_subschemas(schema: Any, change: Callable[[dict[str, Any]], dict[str, Any]]) -> Any:
