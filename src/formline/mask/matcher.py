@@ -331,24 +331,27 @@ class GrammarMatcher(MatcherCore):
         return [int(token) for token in head if token is not None] + rest
 
     def _text_tokens(self, tokenize: Tokenize, text: bytes) -> list[int]:
-        """``tokenize(text)`` when it spells ``text``; else the tokens after a newline in
-        ``tokenize(b"\n" + text)`` when those spell it: a SentencePiece tokenizer writes a
-        leading space (phi-3's ``'"]}'`` came back ``' "', ']}'``), so no closing or forced
-        text was ever written for those models. ``[]`` when neither spells it."""
-        pieces = self.compiled.vocabulary.token_bytes
-        for marker in (b"", b"\n"):
-            tokens = [int(token) for token in tokenize(marker + text)]
-            if any(not 0 <= token < len(pieces) for token in tokens):
-                continue
-            spelled, skip = b"", 0  # the marker's tokens, after the prefix space if any
-            while skip < len(tokens) and spelled in (b"", b" ") and spelled != marker:
-                spelled += pieces[tokens[skip]]
-                skip += 1
-            if spelled in (marker, b" " + marker) and (
-                b"".join(pieces[token] for token in tokens[skip:]) == text
-            ):
-                return tokens[skip:]
+        """``tokenize(text)`` when it spells ``text``; else the tokens after the newline in
+        ``tokenize(b"\n" + text)`` (or after `` \n``) when those spell it: a SentencePiece
+        tokenizer writes a leading space (phi-3's ``'"]}'`` came back ``' "', ']}'``), so no
+        closing or forced text was ever written for those models. ``[]`` when neither does."""
+        tokens = [int(token) for token in tokenize(text)]
+        if self._is_spelling(tokens, text):
+            return tokens
+        marked = [int(token) for token in tokenize(b"\n" + text)]
+        for skip in (1, 2):  # the newline's token, after a prefix space's if any
+            head = marked[:skip]
+            if self._is_spelling(head, b"\n") or self._is_spelling(head, b" \n"):
+                rest = marked[skip:]
+                return rest if self._is_spelling(rest, text) else []
         return []
+
+    def _is_spelling(self, tokens: list[int], data: bytes) -> bool:
+        """Whether ``tokens`` are vocabulary ids whose bytes join to exactly ``data``."""
+        pieces = self.compiled.vocabulary.token_bytes
+        if any(not 0 <= token < len(pieces) for token in tokens):
+            return False
+        return b"".join(pieces[token] for token in tokens) == data
 
     def _can_end_after(
         self, walked: list[tuple[frozenset[Stack], bool]], tokens: Sequence[int]

@@ -91,9 +91,8 @@ def decode(
 
     Raises:
         BackendError: the prompt has no tokens or does not fit the engine's context, the
-            engine fails, or
-            this thread is already decoding on ``engine`` (another thread's decode on it
-            is waited for: an engine holds one sequence).
+            engine fails, or this thread is already decoding on ``engine`` (another
+            thread's decode on it is waited for: an engine holds one sequence).
         RuntimeError: the matcher refuses a token its own mask allowed, or allows none
             (both formline bugs).
     Costs one forward pass per sampled token plus, constrained, a mask, its pressure and an

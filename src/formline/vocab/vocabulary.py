@@ -223,7 +223,9 @@ class Vocabulary:
         return build_vocabulary(token_bytes, eos_ids, special_ids, vocab_size, name, source)
 
     @classmethod
-    def from_gguf(cls, path: str | os.PathLike[str], vocab_size: int | None = None) -> Vocabulary:
+    def from_gguf(
+        cls, path: str | os.PathLike[str], vocab_size: int | None = None, tokenizer: Any = None
+    ) -> Vocabulary:
         """Read the tokenizer of a GGUF file (model or vocabulary-only file).
 
         Supports ``tokenizer.ggml.model`` ``"gpt2"`` (byte-level BPE) and ``"llama"``
@@ -232,11 +234,13 @@ class Vocabulary:
         naming the path for a missing/corrupt/non-GGUF file, another tokenizer model
         (e.g. ``"bert"``), or a ``vocab_size`` smaller than the token list. Cost: reads
         only the metadata header; about 0.1 s for a 151k-token vocabulary (plus about
-        0.1 s for the first import of ``gguf``).
+        0.1 s for the first import of ``gguf``). ``tokenizer``: the file's header keys
+        already read (:func:`~formline.vocab.gguf_reader.read_gguf_tokenizer`), not read
+        again.
         """
         from formline.vocab.gguf_reader import gguf_token_bytes, read_gguf_tokenizer
 
-        tokenizer = read_gguf_tokenizer(path)
+        tokenizer = tokenizer or read_gguf_tokenizer(path)
         token_bytes, eos_ids, special_ids = gguf_token_bytes(tokenizer)
         name = pathlib.Path(path).stem
         return build_vocabulary(
