@@ -77,6 +77,7 @@ class _Row:
     stop_ids: frozenset[int] = frozenset()  # vLLM's stop tokens for this request
     stop_words: np.ndarray | None = None  # the same, as a bitmask row (None: no stop token)
     not_eos_words: np.ndarray | None = None  # ~ the tokenizer's end tokens (made once)
+    not_stop_words: np.ndarray | None = None  # ~ stop_words (made once, not per step)
 
     @property
     def live(self) -> GrammarMatcher:
@@ -127,7 +128,7 @@ class _Row:
             return
         # A stop token is never the grammar's text: vLLM ends the request on it, and a '.'
         # in stop_token_ids cut [0-9]+\.[0-9]+ to "18", answered "stop".
-        words &= ~self.stop_words
+        words &= self.not_stop_words
         if self.live.can_end():
             words &= self.not_eos_words
             words |= self.stop_words
@@ -265,7 +266,7 @@ class FormlineLogitsProcessor(LogitsProcessor):
         )
         row.max_tokens, row.stop_ids, row.stop_words = params.max_tokens, stop_ids, stop_words
         if stop_words is not None:
-            row.not_eos_words = ~eos_words
+            row.not_eos_words, row.not_stop_words = ~eos_words, ~stop_words
         return row
 
     def _tokenize(self, text: bytes) -> list[int]:
