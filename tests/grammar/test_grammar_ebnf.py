@@ -102,8 +102,11 @@ def test_gbnf_mode_refuses_regex_terminals() -> None:
 
 
 def test_undefined_rule_and_missing_start_are_errors() -> None:
-    with pytest.raises(GrammarError, match="undefined rule 'b'"):
+    with pytest.raises(GrammarError, match=r"rule 'b' is not defined at position 9 \(line 1"):
         Grammar.from_ebnf("root ::= b")
+    # named where it is first referenced: line 2, column 13
+    with pytest.raises(GrammarError, match=r"rule 'c' is not defined .*line 2, column 13"):
+        Grammar.from_ebnf('root ::= "a" b\nb ::= "x" | c\nd ::= c')
     with pytest.raises(GrammarError, match="start rule 'main'"):
         Grammar.from_ebnf('root ::= "a"', start="main")
 

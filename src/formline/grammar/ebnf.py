@@ -65,6 +65,7 @@ class _EbnfParser:
         self.allow_regex = allow_regex
         self.position = 0
         self.depth = 0  # parentheses open (see MAX_GROUP_DEPTH)
+        self.references: dict[str, int] = {}  # each referenced name's first position
 
     def error(self, message: str, position: int | None = None) -> GrammarError:
         where = self.position if position is None else position
@@ -105,6 +106,9 @@ class _EbnfParser:
             self.skip_space()
             rules[name] = self.parse_alternation(nested=False)
             self.skip_space()
+        for reference, position in self.references.items():
+            if reference not in rules:  # here the error can point at the reference
+                raise self.error(f"rule {reference!r} is not defined", position)
         return rules
 
     def parse_alternation(self, nested: bool) -> Node:
@@ -201,6 +205,7 @@ class _EbnfParser:
         match = _NAME.match(self.text, self.position)
         if match:
             self.position = match.end()
+            self.references.setdefault(match.group(), start)
             return RuleReference(match.group())
         if character == "<":
             raise self.error("token references like <[id]> are not supported")
