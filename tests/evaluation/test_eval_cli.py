@@ -44,7 +44,8 @@ def test_eval_end_to_end_with_the_embedded_model(task_file: Path, tmp_path: Path
     pytest.importorskip("matplotlib", reason=EVAL_EXTRA)
     out = tmp_path / "out"
     arguments = ["eval", "--tasks", str(task_file), "--variants", "free,constrained"]
-    code = main([*arguments, "--out", str(out), "--max-tokens", "40", "--no-progress"])
+    options = ["--out", str(out), "--max-tokens", "40", "--threads", "2", "--no-progress"]
+    code = main([*arguments, *options])
     assert code == 0
     for name in RESULT_FILES + PLOT_FILES:
         assert (out / name).stat().st_size > 0, name
@@ -58,6 +59,8 @@ def test_eval_end_to_end_with_the_embedded_model(task_file: Path, tmp_path: Path
     assert all(p["tokens"] <= 40 and p["seconds"] > 0 for p in predictions)
     results = json.loads((out / "results.json").read_text(encoding="utf-8"))
     assert list(results["variants"]) == ["free", "constrained"]
+    assert results["meta"]["threads"] == 2  # and the command that reproduces the run says so
+    assert results["meta"]["command"].endswith("--max-tokens 40 --threads 2")
     constrained = results["variants"]["constrained"]
     assert constrained["tasks"] == 2 and constrained["compile_cold_seconds"] > 0
     assert constrained["mask_ms_per_token"] > 0

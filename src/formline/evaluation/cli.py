@@ -144,4 +144,6 @@ def _command(arguments: argparse.Namespace) -> str:
         parts.append(f"--backend {arguments.backend}")
     if arguments.max_tokens != DEFAULT_MAX_TOKENS:
         parts.append(f"--max-tokens {arguments.max_tokens}")
+    if arguments.threads != 1:  # llama.cpp's sums may round differently on other threads
+        parts.append(f"--threads {arguments.threads}")
     return " ".join(parts)
