@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pathlib
 import struct
+import tracemalloc
 from collections.abc import Sequence
 
 import gguf
@@ -44,6 +45,35 @@ def write_gguf(
     writer.write_kv_data_to_file()
     writer.write_tensors_to_file()
     writer.close()
+    return path
+
+
+def text(value: bytes) -> bytes:
+    """A GGUF string: its uint64 length, then its bytes."""
+    return struct.pack("<Q", len(value)) + value
+
+
+def entry(key: bytes, value_type: int, payload: bytes) -> bytes:
+    """One GGUF key/value pair, its value already encoded."""
+    return text(key) + struct.pack("<I", value_type) + payload
+
+
+def token_list(tokens: list[bytes]) -> bytes:
+    """A GGUF array of strings."""
+    return struct.pack("<IQ", 8, len(tokens)) + b"".join(text(t) for t in tokens)
+
+
+def gpt2_tokenizer(tokens: list[bytes]) -> list[bytes]:
+    """The model and tokens keys of a byte-level vocabulary, encoded by hand."""
+    return [
+        entry(b"tokenizer.ggml.model", 8, text(b"gpt2")),
+        entry(b"tokenizer.ggml.tokens", 9, token_list(tokens)),
+    ]
+
+
+def write_entries(path: pathlib.Path, entries: list[bytes]) -> pathlib.Path:
+    """A GGUF file of these key/value pairs and no tensors (crafted: gguf's writer checks)."""
+    path.write_bytes(b"GGUF" + struct.pack("<IQQ", 3, 0, len(entries)) + b"".join(entries))
     return path
 
 
@@ -179,15 +209,6 @@ class TestErrors:
     def test_nested_arrays_and_repeated_keys_are_named(self, tmp_path: pathlib.Path) -> None:
         # Crafted by hand: gguf's writer makes neither. 5,000 nested arrays raised
         # RecursionError; a second token list replaced the first without a word.
-        def text(value: bytes) -> bytes:
-            return struct.pack("<Q", len(value)) + value
-
-        def entry(key: bytes, value_type: int, payload: bytes) -> bytes:
-            return text(key) + struct.pack("<I", value_type) + payload
-
-        def token_list(tokens: list[bytes]) -> bytes:
-            return struct.pack("<IQ", 8, len(tokens)) + b"".join(text(t) for t in tokens)
-
         tokenizer = [
             entry(b"tokenizer.ggml.model", 8, text(b"gpt2")),
             entry(b"tokenizer.ggml.tokens", 9, token_list([b"a", b"b"])),
@@ -202,10 +223,57 @@ class TestErrors:
             ),
         }
         for name, (entries, message) in cases.items():
-            path = tmp_path / f"{name}.gguf"
-            path.write_bytes(b"GGUF" + struct.pack("<IQQ", 3, 0, len(entries)) + b"".join(entries))
             with pytest.raises(VocabularyError, match=message):
+                Vocabulary.from_gguf(write_entries(tmp_path / f"{name}.gguf", entries))
+
+    @pytest.mark.parametrize(
+        ("tokens", "message"),
+        [
+            (entry(b"tokenizer.ggml.tokens", 4, struct.pack("<I", 5)), "not an array of strings"),
+            (entry(b"tokenizer.ggml.tokens", 9, struct.pack("<IQ", 4, 0)), "array of strings"),
+        ],
+        ids=["a number", "an array of numbers"],
+    )
+    def test_tokens_that_are_not_strings_are_named(
+        self, tmp_path: pathlib.Path, tokens: bytes, message: str
+    ) -> None:
+        # A number with no token_type key raised TypeError: object of type 'int' has no len()
+        model = entry(b"tokenizer.ggml.model", 8, text(b"gpt2"))
+        with pytest.raises(VocabularyError, match=message):
+            Vocabulary.from_gguf(write_entries(tmp_path / "t.gguf", [model, tokens]))
+
+    @pytest.mark.parametrize(
+        ("payload", "message"),
+        [
+            (struct.pack("<IQ", 5, 0), "token_type has 0 entries but tokenizer.ggml.tokens has 2"),
+            (struct.pack("<IQ", 8, 0), "token_type is not an array of integers"),
+        ],
+        ids=["empty numbers", "empty strings"],
+    )
+    def test_empty_token_types_are_an_error(
+        self, tmp_path: pathlib.Path, payload: bytes, message: str
+    ) -> None:
+        # An empty array was read as "no key": every token NORMAL, "<s>" allowed as text
+        entries = [*gpt2_tokenizer([b"<s>", b"a"]), entry(b"tokenizer.ggml.token_type", 9, payload)]
+        with pytest.raises(VocabularyError, match=message):
+            Vocabulary.from_gguf(write_entries(tmp_path / "t.gguf", entries))
+
+    def test_a_huge_token_type_array_is_read_in_bounded_memory(
+        self, tmp_path: pathlib.Path
+    ) -> None:
+        # A corrupt count made token_type 8 million uint8s: read as a tuple then a list they
+        # took 16 bytes each (128 MB for an 8 MB file) before the length check refused them
+        count = 8_000_000
+        huge = entry(b"tokenizer.ggml.token_type", 9, struct.pack("<IQ", 0, count) + bytes(count))
+        path = write_entries(tmp_path / "huge.gguf", [*gpt2_tokenizer([b"a", b"b"]), huge])
+        tracemalloc.start()
+        try:
+            with pytest.raises(VocabularyError, match="token_type has 8000000 entries"):
                 Vocabulary.from_gguf(path)
+            peak = tracemalloc.get_traced_memory()[1]
+        finally:
+            tracemalloc.stop()
+        assert peak < 3 * count, peak  # one copy of the array and change
 
 
 class TestSmolLM2:
