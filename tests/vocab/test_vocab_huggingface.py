@@ -365,3 +365,32 @@ def test_a_failing_decode_leaves_the_added_content() -> None:
 
     assert _written_in_context(Tokenizer([1]), [5, 7]) == {5: b" x"}  # 7 keeps its content
     assert _written_in_context(Tokenizer([]), [5]) == {}  # no prefix: nothing to read after
+
+
+def test_added_tokens_past_the_logits_are_left_out(smollm2_vocab: Vocabulary) -> None:
+    # transformers' GGUF loader adds <|endoftext|> (an eos by llama.cpp's rules) as id
+    # 128256 to Llama-3's 128,256 logits: the transformers backend refused Llama-3 as a
+    # tokenizer that disagrees with its model. Added tokens past the logits, which no model
+    # can write, are left out; a base token past them still refuses.
+    from transformers import AutoTokenizer
+
+    path = fixture_path("smollm2")  # a fresh tokenizer: tokens are added to it
+    tokenizer = AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name)
+    tokenizer.add_special_tokens({"additional_special_tokens": ["<|extra|>"]})
+    tokenizer.add_tokens(["plain extra", "<|endoftext|>"])
+    assert len(tokenizer) == smollm2_vocab.size + 2  # <|endoftext|> is id 0 already
+    vocabulary = Vocabulary.from_huggingface(tokenizer, smollm2_vocab.size)
+    assert vocabulary.fingerprint() == smollm2_vocab.fingerprint()
+    with pytest.raises(VocabularyError, match=r"ids 49151\.\.49153 would have no logit"):
+        Vocabulary.from_huggingface(tokenizer, smollm2_vocab.size - 1)
+
+
+@pytest.mark.slow
+def test_llama3_through_transformers_matches_its_gguf() -> None:
+    from transformers import AutoTokenizer
+
+    path = fixture_path("llama-bpe")
+    tokenizer = AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name)
+    assert len(tokenizer) == 128_257  # <|endoftext|>, added by transformers' GGUF loader
+    vocabulary = Vocabulary.from_huggingface(tokenizer, 128_256)
+    assert vocabulary.fingerprint() == Vocabulary.from_gguf(path).fingerprint()

@@ -256,12 +256,22 @@ class Vocabulary:
         ``backend_tokenizer.decoder`` when present. See
         ``huggingface.huggingface_token_bytes`` for the rules. Raises VocabularyError
         when the tokenizer is neither byte-level BPE nor SentencePiece, declares no eos
-        token, or is larger than ``vocab_size``. Cost: O(vocabulary size), about 0.15 s
-        for 151k tokens (a fast tokenizer's ``convert_ids_to_tokens`` plus decoding).
+        token, or is larger than ``vocab_size`` in more than added tokens past the logits
+        (no model can write those; an eos among them is dropped while another is left:
+        transformers' GGUF loader adds ``<|endoftext|>``, an eos by llama.cpp's rules, as
+        id 128256 to Llama-3's 128,256). Cost: O(vocabulary size),
+        about 0.15 s for 151k tokens (a fast tokenizer's ``convert_ids_to_tokens`` plus
+        decoding).
         """
         from formline.vocab.huggingface import huggingface_token_bytes, tokenizer_name
 
         token_bytes, eos_ids, special_ids = huggingface_token_bytes(tokenizer)
+        if isinstance(vocab_size, int) and 0 < vocab_size < len(token_bytes):
+            past = set(range(vocab_size, len(token_bytes)))
+            added = getattr(tokenizer, "added_tokens_decoder", None) or {}
+            if past <= set(added) and eos_ids - past:
+                token_bytes, special_ids = token_bytes[:vocab_size], special_ids - past
+                eos_ids = eos_ids - past
         name = tokenizer_name(tokenizer)
         source = f"{type(tokenizer).__name__}({name!r})"
         return build_vocabulary(token_bytes, eos_ids, special_ids, vocab_size, name, source)
