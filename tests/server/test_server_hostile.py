@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import threading
 import time
+import urllib.request
 import uuid
 from typing import Any
 
@@ -67,6 +68,9 @@ def test_every_route_but_health_needs_the_key(engine: Any) -> None:
             wrong = {"Authorization": "Bearer sesame2"}
             assert post_json(f"{secured.url}{path}", body, wrong)[0] == 401, path
         assert health(secured.url)["status"] == "ok"  # open, for load balancers
+        head = urllib.request.Request(f"{secured.url}/health", method="HEAD")
+        with urllib.request.urlopen(head, timeout=10) as reply:  # HEAD was a 405
+            assert reply.status == 200
         status, page = post_json(f"{secured.url}/trace", trace, right)
         assert status == 200 and page.lstrip().lower().startswith("<!doctype html")
     finally:

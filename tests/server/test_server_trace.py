@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+import http.client
 import json
+import time
 import urllib.error
 import urllib.request
 from typing import Any
+
+from server_tools import health
 
 
 def post(url: str, body: dict[str, Any]) -> tuple[int, str]:
@@ -45,3 +49,25 @@ def test_trace_refuses_bad_requests_with_the_field(server: Any) -> None:
     error = json.loads(body)["error"]
     assert status == 400 and error["code"] == "compile_limit_exceeded"
     assert error["param"] == "schema" and "minItems" in error["message"]
+
+
+def test_a_dropped_trace_client_frees_the_model(server: Any) -> None:
+    # The recording went on for 133 s after its client had gone, every request waiting.
+    before = health(server.url)["loops"]["cancelled"]
+    schema = {"type": "object", "properties": {"story": {"type": "string"}}}
+    body = {"prompt": "A long story.", "schema": schema, "max_tokens": 256, "free_samples": 8}
+    host, port = server.url.removeprefix("http://").split(":")
+    connection = http.client.HTTPConnection(host, int(port), timeout=30)
+    connection.request("POST", "/trace", json.dumps(body).encode(),
+                       {"Content-Type": "application/json"})  # fmt: skip
+    waited = 0.0
+    while not health(server.url)["busy"] and waited < 60:  # the recording has begun
+        time.sleep(0.1)
+        waited += 0.1
+    connection.sock.close()  # the client goes away without reading the page
+    state = health(server.url)
+    while (state["busy"] or state["loops"]["cancelled"] == before) and waited < 120:
+        time.sleep(0.25)  # the recording stops at its next step, and frees the model
+        waited += 0.25
+        state = health(server.url)
+    assert state["loops"]["cancelled"] == before + 1

@@ -1,6 +1,6 @@
 """The FastAPI app of ``formline serve``: OpenAI-compatible Chat Completions and Responses.
 
-Routes: ``GET /health``, ``GET /v1/models``, ``POST /v1/chat/completions``,
+Routes: ``GET /health`` (and ``HEAD``), ``GET /v1/models``, ``POST /v1/chat/completions``,
 ``POST /v1/responses`` (:mod:`.responses_requests`, :mod:`.responses_output`), ``POST /trace``
 (:mod:`.tracing`). Every error is OpenAI's error object: 4xx for bad input (:class:`ApiError`,
 and unknown routes), 500 only for a real fault, which is logged with its traceback. With
@@ -19,7 +19,8 @@ import logging
 import socket
 import threading
 import time
-from typing import Any
+from collections.abc import Callable
+from typing import Any, TypeVar
 
 from fastapi import FastAPI, Request
 from fastapi.concurrency import run_in_threadpool
@@ -42,6 +43,8 @@ from formline.server.responses_requests import parse_responses_request
 from formline.server.streaming import ChunkWriter, stream_request
 from formline.server.tracing import parse_trace_request, trace_page
 
+T = TypeVar("T")
+
 log = logging.getLogger("formline.server")
 
 
@@ -53,7 +56,7 @@ def create_app(engine: Engine, api_key: str | None = None) -> FastAPI:
     if api_key:
         _install_api_key(app, api_key)
 
-    @app.get("/health")
+    @app.api_route("/health", methods=["GET", "HEAD"])  # HEAD: load balancers
     async def health() -> dict[str, Any]:
         return {
             "status": "ok",
@@ -101,7 +104,8 @@ def create_app(engine: Engine, api_key: str | None = None) -> FastAPI:
         ``temperature``, ``max_tokens`` optional), recorded now on the served model."""
         body = parse_body(await read_body(request, engine.limits), engine.limits)
         checked = parse_trace_request(body, engine.limits)
-        return HTMLResponse(await run_in_threadpool(trace_page, engine, checked))
+        page = await run_while_connected(request, lambda gone: trace_page(engine, checked, gone))
+        return HTMLResponse(page)
 
     return app
 
@@ -136,10 +140,19 @@ async def complete_while_connected(
     non-streaming client kept the model decoding to ``max_tokens`` while the next request
     waited (a stream stops through its own events). Costs a disconnect check every
     :data:`DISCONNECT_CHECK_SECONDS` while it runs."""
+
+    def complete(gone: threading.Event) -> Completion:
+        return engine.complete(chat, None, lambda *_: _WhileConnected(gone), deadline)
+
+    return await run_while_connected(request, complete)
+
+
+async def run_while_connected(request: Request, work_of: Callable[[threading.Event], T]) -> T:
+    """``work_of(gone)`` in a worker thread, ``gone`` set once the client has gone (or the
+    handler is cancelled): the work stops itself at its next step when it sees it. Costs a
+    disconnect check every :data:`DISCONNECT_CHECK_SECONDS` while it runs."""
     gone = threading.Event()
-    work = asyncio.ensure_future(
-        run_in_threadpool(engine.complete, chat, None, lambda *_: _WhileConnected(gone), deadline)
-    )
+    work = asyncio.ensure_future(run_in_threadpool(work_of, gone))
     try:
         while not work.done():
             await asyncio.wait({work}, timeout=DISCONNECT_CHECK_SECONDS)

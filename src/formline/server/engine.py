@@ -203,6 +203,11 @@ class Engine:
             return plan.description
         return describe_constraint(plan.constraint, self.describe_schema, messages)
 
+    def count_cancelled(self) -> None:
+        """Count a loop stopped because its client went away (``/trace`` counts its own)."""
+        with self.lock_stats:
+            self.stats["cancelled"] += 1
+
     def _count(self, generation: Generation) -> None:
         with self.lock_stats:
             reason = generation.finish_reason

@@ -6,12 +6,15 @@ The body is ``{"prompt", "schema"}`` with ``free_samples``, ``temperature`` and
 naming it. The schema is compiled before the model is taken (a compile never holds the
 model); the wait for the model ends at the request's deadline (``limits.request_seconds``,
 503), and so does the recording: every decoding loop of the recorder stops at its first
-step past the deadline, and the request answers 504 with the model freed at once.
+step past the deadline, and the request answers 504 with the model freed at once. A client
+that goes away stops the recording the same way, at its next step (it held the model for
+133 s after its client had gone, every other request waiting).
 """
 
 from __future__ import annotations
 
 import json
+import threading
 import time
 from dataclasses import dataclass
 from typing import Any
@@ -36,6 +39,10 @@ FIELDS = frozenset({"prompt", "schema", *OPTIONS})
 
 class PastDeadlineError(Exception):
     """The recording reached a step past the request's deadline."""
+
+
+class ClientGoneError(Exception):
+    """The recording reached a step after its client had gone."""
 
 
 @dataclass(frozen=True)
@@ -81,14 +88,15 @@ def parse_trace_request(body: dict[str, Any], limits: Limits) -> TraceRequest:
     return TraceRequest(prompt, schema, options)
 
 
-def trace_page(engine: Engine, request: TraceRequest) -> str:
+def trace_page(engine: Engine, request: TraceRequest, gone: threading.Event | None = None) -> str:
     """The explainer page of ``request``, recorded under the engine's lock by the request's
-    deadline (:meth:`Engine.deadline`).
+    deadline (:meth:`Engine.deadline`), stopped at its next step once ``gone`` is set (the
+    client went away: counted as a ``"cancelled"`` loop).
 
     Raises:
         ApiError: 400 for a schema that does not compile, a prompt over the context or a
             backend other than llama.cpp; 503 when the model stays busy past the deadline;
-            504 when the compile or the recording runs past it.
+            504 when the compile or the recording runs past it; 499 once ``gone`` stops it.
     Costs one compile (cached) plus the recorder's ``3 x free_samples + 1`` generations.
     """
     deadline = engine.deadline()
@@ -104,12 +112,15 @@ def trace_page(engine: Engine, request: TraceRequest) -> str:
         raise _past_deadline(engine, "compiling the schema")
     engine.hold_model(deadline)
     try:
-        backend = DeadlineBackend(engine.backend, deadline)
+        backend = DeadlineBackend(engine.backend, deadline, gone or threading.Event())
         trace = record_trace(
             request.schema, request.prompt, backend, field_orders=False, **request.options
         )
     except PastDeadlineError as error:
         raise _past_deadline(engine, "recording the trace") from error
+    except ClientGoneError as error:  # nobody reads this answer; the log and /health do
+        engine.count_cancelled()
+        raise ApiError("the client went away", status=499, code="cancelled") from error
     except BackendError as error:
         if "n_ctx" in str(error):
             raise ApiError(str(error), param="prompt", code="context_length_exceeded") from error
@@ -130,19 +141,24 @@ def _past_deadline(engine: Engine, what: str) -> ApiError:
 
 
 class DeadlineBackend:
-    """``backend`` as the recorder sees it, stopping at ``deadline``: every forward pass
-    past it raises :class:`PastDeadlineError`, so each of the recorder's decoding loops
-    stops at its first step past the deadline. Everything else is ``backend``'s."""
+    """``backend`` as the recorder sees it, stopping at ``deadline`` or once ``gone`` is
+    set: every forward pass then raises :class:`PastDeadlineError` or
+    :class:`ClientGoneError`, so each of the recorder's decoding loops stops at its next
+    step. Everything else is ``backend``'s."""
 
-    def __init__(self, backend: Backend, deadline: float):
+    def __init__(self, backend: Backend, deadline: float, gone: threading.Event):
         self.backend = backend
         self.deadline = deadline
+        self.gone = gone
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self.backend, name)
 
     def forward(self, token_ids: list[int]) -> Any:
-        """The backend's forward pass. Raises :class:`PastDeadlineError` past the deadline."""
+        """The backend's forward pass. Raises :class:`PastDeadlineError` past the deadline,
+        :class:`ClientGoneError` once ``gone`` is set."""
+        if self.gone.is_set():
+            raise ClientGoneError
         if time.monotonic() > self.deadline:
             raise PastDeadlineError
         return self.backend.forward(token_ids)
