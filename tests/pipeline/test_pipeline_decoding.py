@@ -83,6 +83,26 @@ def test_a_looping_model_is_closed_within_the_budget(llama_backend: Any) -> None
     assert json.loads(result.text)["names"][:3] == ["Ada", "Ada", "Ada"]
 
 
+def test_a_context_that_ends_before_max_tokens_is_closed_within_it(llama_backend: Any) -> None:
+    # The closing counted tokens left from max_tokens alone: a context that ended first cut
+    # the value off mid-string, unclosed ({"names":["Ada","Ada","A), "length".
+    schema = {
+        "type": "object",
+        "properties": {"names": {"type": "array", "items": {"type": "string"}}},
+        "required": ["names"],
+        "additionalProperties": False,
+    }
+    plan = Constraint.of(schema).compile(llama_backend.vocabulary)
+    prompt_tokens = len(llama_backend.tokenize_prompt(PROMPT))
+    engine = ScriptedEngine(
+        llama_backend, '{"names":[' + '"Ada",' * 200, context_size=prompt_tokens + 40
+    )
+    result = decode(engine, PROMPT, plan.matcher(), Sampling(max_tokens=500))
+    assert result.finish_reason == "stop" and result.closing_tokens > 0
+    assert result.prompt_tokens + result.completion_tokens <= prompt_tokens + 40
+    assert json.loads(result.text)["names"][:3] == ["Ada", "Ada", "Ada"]
+
+
 @pytest.mark.parametrize("spare", [0, 1, 2, 3])
 def test_an_answer_that_fits_the_budget_is_the_models_own(llama_backend: Any, spare: int) -> None:
     # The closing policy acts only when the model's next token would leave no room for a

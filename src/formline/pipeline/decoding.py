@@ -18,7 +18,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import numpy as np
@@ -163,6 +163,9 @@ def _decode(
     if sampling.deadline is not None:
         watchers.append(Deadline(sampling.deadline))
     pressure = PressureListener()
+    room = engine.context_size - len(prompt_ids)
+    if sampling.max_tokens > room:  # the context ends first: close within it, not past it
+        sampling = replace(sampling, max_tokens=room)
     loop = _Loop(engine, matcher, sampling, [pressure, *watchers])
     finish = loop.run(prompt_ids)
     loop.notify_output()  # the last tokens reach a streaming listener too
