@@ -217,6 +217,15 @@ def test_choose_token_greedy_sampled_and_refused() -> None:
         choose_token(np.full(3, -np.inf, dtype=np.float32), 0.0, 1.0, rng)
 
 
+@pytest.mark.parametrize("temperature", [5e-324, 1e-308, 1e-200])
+def test_a_tiny_temperature_is_greedy(temperature: float) -> None:
+    # logits / temperature overflowed to inf, and the NaN softmax drew any token
+    logits = np.array([0.5, 3.0, -np.inf, 1.0, 2.9], dtype=np.float32)
+    rng = np.random.default_rng(0)
+    assert {choose_token(logits, temperature, 1.0, rng) for _ in range(50)} == {1}
+    assert {choose_token(logits, temperature, 0.5, rng) for _ in range(50)} == {1}
+
+
 def sorted_nucleus_choice(
     logits: np.ndarray, temperature: float, top_p: float, rng: np.random.Generator
 ) -> int:

@@ -400,8 +400,12 @@ def choose_token(
     ids = np.flatnonzero(np.isfinite(logits))
     if ids.size == 0:
         raise RuntimeError("formline bug: no token has a finite logit (the mask allows none)")
-    scaled = logits[ids].astype(np.float64) / temperature
-    probs = np.exp(scaled - scaled.max())
+    allowed = logits[ids].astype(np.float64)
+    # Centred before the division: logits / 5e-324 overflowed to inf, inf - inf is NaN,
+    # and a NaN softmax drew "ectableectable..."; centred, a tiny temperature is greedy
+    # (the others' -inf is their probability 0, not an overflow to warn of).
+    with np.errstate(over="ignore"):
+        probs = np.exp((allowed - allowed.max()) / temperature)
     probs /= probs.sum()
     if top_p < 1.0:
         order = _nucleus_order(probs, top_p)
