@@ -31,8 +31,9 @@ class GrammarCompiler:
     Args:
         vocabulary: the model's vocabulary.
         cache_limit_bytes: memory for compiled grammars and their masks (LRU past it).
-        disk_cache: ``True`` (default folder), a path, or ``False``; entries are arrays and
-            JSON, never pickle, and are checked before use.
+        disk_cache: ``False`` (default: a load costs more than a build, see
+            :func:`~formline.mask.compile_grammar`), ``True`` (default folder) or a path;
+            entries are arrays and JSON, never pickle, and are checked before use.
         disk_limit_bytes: size of the disk store (LRU past it).
         budget: the time and state limits of each compile (:class:`CompileBudget`); every
             ``compile_*`` method also takes ``budget=`` for one call.
@@ -48,7 +49,7 @@ class GrammarCompiler:
         vocabulary: Vocabulary,
         *,
         cache_limit_bytes: int = DEFAULT_CACHE_LIMIT_BYTES,
-        disk_cache: bool | str | os.PathLike[str] = True,
+        disk_cache: bool | str | os.PathLike[str] = False,
         disk_limit_bytes: int = DEFAULT_DISK_LIMIT_BYTES,
         budget: CompileBudget | None = None,
     ):

@@ -117,7 +117,7 @@ def run_compile(arguments: argparse.Namespace) -> int:
     else:
         grammar = Grammar.from_gbnf(Path(arguments.gbnf).read_text(encoding="utf-8"))
     vocabulary = _load_vocabulary(arguments.vocabulary)
-    compiled = compile_grammar(grammar, vocabulary, disk_cache=not arguments.no_cache)
+    compiled = compile_grammar(grammar, vocabulary, disk_cache=arguments.disk_cache)
     print(compiled.statistics_text())
     return 0
 
@@ -132,7 +132,7 @@ def _compile_schema(arguments: argparse.Namespace) -> int:
         whitespace=arguments.whitespace,
         on_unsupported=arguments.on_unsupported,
         max_string_length=arguments.max_string_length,
-        disk_cache=not arguments.no_cache,
+        disk_cache=arguments.disk_cache,
     )
     print(compiled.report.to_text())
     print(compiled.compiled_grammar.statistics_text())
@@ -172,7 +172,9 @@ def build_parser() -> argparse.ArgumentParser:
     )
     compile_command.add_argument("--max-string-length", type=int, default=None)
     compile_command.add_argument("--vocabulary", help="a GGUF file (default: SmolLM2)")
-    compile_command.add_argument("--no-cache", action="store_true", help="skip the disk cache")
+    compile_command.add_argument(
+        "--disk-cache", action="store_true", help="use the disk store (slower than a compile)"
+    )
     compile_command.set_defaults(handler=run_compile)
     lint = commands.add_parser("lint", help="quality and portability problems of a JSON Schema")
     lint.add_argument("schema", help="a JSON Schema file")

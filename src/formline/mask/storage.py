@@ -9,13 +9,24 @@ IR, the called rules, the start rule and the limits: :class:`AutomatonSource`); 
 checks every index before it builds (``native/lazy_build.hpp``: is_well_formed). Neither the
 DFA states made so far nor the masks are stored: both are made again as decoding reaches
 them.
+
+Nothing in an entry is trusted. A file that is not a regular file, is over
+:data:`MAX_ENTRY_BYTES`, holds other members or members whose arrays would unpack past
+:data:`MAX_UNPACKED_BYTES` is refused before anything is unpacked (a 3 MB entry unpacked a
+3 GiB member; a FIFO named as an entry hung the compile); the cache's own load also compares
+the entry with the build inputs of the grammar it asked for, so an entry copied under another
+key is refused (it was used: ``[a-z]{1,5}`` accepted ``7``), and the limits are the
+caller's. A refused entry is deleted, so it costs one rebuild, not one per compile.
 """
 
 from __future__ import annotations
 
+import contextlib
 import io
 import json
 import os
+import stat
+import threading
 import time
 import zipfile
 from pathlib import Path
@@ -25,7 +36,14 @@ import numpy as np
 
 from formline.automata.native_build import AutomatonSource
 from formline.errors import FormlineError
-from formline.grammar.ir import FlatGrammar, GrammarError
+from formline.grammar.budget import (
+    DEFAULT_DFA_STATE_LIMIT,
+    DEFAULT_NFA_STATE_LIMIT,
+    DEFAULT_STACK_LIMIT,
+    CompileLimitError,
+    Deadline,
+)
+from formline.grammar.ir import FlatGrammar
 from formline.mask.compiled import CompiledGrammar, CompileStatistics
 from formline.native import NativeTokenTable
 from formline.parser.pushdown import build_from_source
@@ -41,6 +59,11 @@ DTYPES = (
     ("children", np.int32), ("data", np.uint8), ("range_pairs", np.int32),
     ("rule_root", np.int32), ("rule_called", np.uint8),
 )  # fmt: skip
+MEMBERS = (*ARRAYS, "header", "rule_root", "rule_called")
+# MaskBench's largest grammars store 0.1-0.3 MB; these bounds are hundreds of times that.
+MAX_ENTRY_BYTES = 64 << 20
+MAX_UNPACKED_BYTES = 256 << 20
+DEFAULT_LIMITS = (DEFAULT_NFA_STATE_LIMIT, DEFAULT_DFA_STATE_LIMIT, DEFAULT_STACK_LIMIT)
 
 
 class StoredGrammarError(FormlineError, ValueError):
@@ -78,36 +101,85 @@ def serialize(compiled: CompiledGrammar) -> bytes:
 
 
 def deserialize(
-    data: bytes, vocabulary: Vocabulary, table: NativeTokenTable, key: str | None = None
+    data: bytes,
+    vocabulary: Vocabulary,
+    table: NativeTokenTable,
+    key: str | None = None,
+    expected: AutomatonSource | None = None,
+    deadline: Deadline | None = None,
 ) -> CompiledGrammar:
-    """A compiled grammar from :func:`serialize`'s bytes, for ``vocabulary``.
+    """A compiled grammar from :func:`serialize`'s bytes, for ``vocabulary``: the one whose
+    build inputs are ``expected`` when given (the limits then are its), else one whose limits
+    are at most :class:`~formline.CompileBudget`'s defaults.
 
     Raises:
-        StoredGrammarError: not this format or version, another key or vocabulary, an array
-            of the wrong type or shape, or an index out of range (nothing in it is trusted).
-    Costs the lazy build (the start rule's NFA, or every rule's where the others cannot wait).
+        StoredGrammarError: not this format or version, another key, vocabulary or grammar,
+            an array of the wrong type or shape, members that would unpack past
+            :data:`MAX_UNPACKED_BYTES`, or an index out of range (nothing in it is trusted).
+        CompileLimitError: ``deadline`` passed while building.
+    Costs the members' unpacking and the lazy build (the start rule's NFA, or every rule's
+    where the others cannot wait).
     """
     try:
-        with np.load(io.BytesIO(data), allow_pickle=False) as arrays:
-            loaded = {name: arrays[name] for name in arrays.files}
-    except (OSError, ValueError, EOFError, KeyError, zipfile.BadZipFile) as error:
-        raise StoredGrammarError(f"not a stored grammar: {error}") from error
-    header = _header(loaded, vocabulary, key)
-    try:
-        automaton = build_from_source(_source(loaded, header))
-    except (GrammarError, ValueError, TypeError) as error:
-        raise StoredGrammarError(f"the stored grammar does not build: {error}") from error
-    statistics = CompileStatistics(
-        seconds=float(header.get("seconds", 0.0)), states=automaton.size, from_cache="disk"
-    )
+        loaded = _members(data)
+        header = _header(loaded, vocabulary, key)
+        source = _source(loaded, header)
+        _check_source(source, expected)
+        automaton = build_from_source(source, deadline)
+        seconds = float(header.get("seconds", 0.0))
+    except (StoredGrammarError, CompileLimitError):
+        raise
+    except Exception as error:  # a crafted entry is refused whatever it breaks
+        raise StoredGrammarError(f"not a usable stored grammar: {error!r}") from error
+    statistics = CompileStatistics(seconds=seconds, states=automaton.size, from_cache="disk")
     return CompiledGrammar(automaton, vocabulary, table, str(header["key"]), statistics)
 
 
+def _members(data: bytes) -> dict[str, np.ndarray]:
+    """The entry's arrays, each one's size checked against its member's before it is read
+    (a header claiming 2**45 elements in a 2 KB member raised MemoryError)."""
+    loaded: dict[str, np.ndarray] = {}
+    with zipfile.ZipFile(io.BytesIO(data)) as archive:
+        members = {info.filename: info for info in archive.infolist()}
+        if sorted(members) != sorted(f"{name}.npy" for name in MEMBERS):
+            raise StoredGrammarError(f"the stored grammar holds {sorted(members)}")
+        if sum(info.file_size for info in members.values()) > MAX_UNPACKED_BYTES:
+            raise StoredGrammarError("the stored grammar unpacks past its bound")
+        for name in MEMBERS:
+            info = members[f"{name}.npy"]
+            with archive.open(info) as member:
+                version = np.lib.format.read_magic(member)
+                read = (np.lib.format.read_array_header_1_0, np.lib.format.read_array_header_2_0)
+                shape, _, dtype = read[version[0] - 1](member)
+                if dtype.hasobject or int(np.prod(shape)) * dtype.itemsize > info.file_size:
+                    raise StoredGrammarError(f"member {name} claims more than it holds")
+            with archive.open(info) as member:
+                loaded[name] = np.lib.format.read_array(member, allow_pickle=False)
+    return loaded
+
+
+def _check_source(source: AutomatonSource, expected: AutomatonSource | None) -> None:
+    """Refuse a source that is not ``expected`` (or, without it, over the default limits)."""
+    limits = (source.nfa_state_limit, source.dfa_state_limit, source.stack_limit)
+    if expected is None:
+        if any(given > most for given, most in zip(limits, DEFAULT_LIMITS, strict=True)):
+            raise StoredGrammarError(f"the stored grammar's limits {limits} are over the defaults")
+        return
+    wanted, found = expected.flat, source.flat
+    same = (
+        limits == (expected.nfa_state_limit, expected.dfa_state_limit, expected.stack_limit)
+        and source.start == expected.start
+        and found.rule_names == wanted.rule_names
+        and np.array_equal(found.rule_root, wanted.rule_root)
+        and np.array_equal(source.rule_called, expected.rule_called)
+        and all(map(np.array_equal, found.arrays(), wanted.arrays()))
+    )
+    if not same:
+        raise StoredGrammarError("the stored grammar is not the one its key names")
+
+
 def _header(arrays: dict[str, np.ndarray], vocabulary: Vocabulary, key: str | None) -> Any:
-    try:
-        header = json.loads(arrays["header"].tobytes().decode())
-    except (KeyError, UnicodeDecodeError, json.JSONDecodeError) as error:
-        raise StoredGrammarError(f"the stored grammar has no readable header: {error}") from error
+    header = json.loads(arrays["header"].tobytes().decode())
     if not isinstance(header, dict) or header.get("format") != FORMAT:
         raise StoredGrammarError("not a formline compiled grammar")
     if header.get("version") != FORMAT_VERSION:
@@ -123,13 +195,10 @@ def _header(arrays: dict[str, np.ndarray], vocabulary: Vocabulary, key: str | No
 
 def _source(arrays: dict[str, np.ndarray], header: Any) -> AutomatonSource:
     """The build inputs, their types and shapes checked (the kernel checks the indices)."""
-    try:
-        rule_names = [str(name) for name in header["rule_names"]]
-        start = int(header["start"])
-        nfa_limit, dfa_limit, stack_limit = (int(limit) for limit in header["limits"])
-        parts = {name: arrays[name] for name in (*ARRAYS, "rule_root", "rule_called")}
-    except (KeyError, TypeError, ValueError) as error:
-        raise StoredGrammarError(f"the stored grammar misses a part: {error}") from error
+    rule_names = [str(name) for name in header["rule_names"]]
+    start = int(header["start"])
+    nfa_limit, dfa_limit, stack_limit = (int(limit) for limit in header["limits"])
+    parts = {name: arrays[name] for name in (*ARRAYS, "rule_root", "rule_called")}
     nodes = parts["kind"].shape[0] if parts["kind"].ndim == 1 else -1
     checks = [
         all(parts[name].dtype == dtype and parts[name].ndim == 1 for name, dtype in DTYPES),
@@ -156,32 +225,56 @@ def _source(arrays: dict[str, np.ndarray], header: Any) -> AutomatonSource:
 
 
 def load(
-    directory: Path, key: str, vocabulary: Vocabulary, table: NativeTokenTable
+    directory: Path,
+    key: str,
+    vocabulary: Vocabulary,
+    table: NativeTokenTable,
+    expected: AutomatonSource | None = None,
+    deadline: Deadline | None = None,
 ) -> CompiledGrammar | None:
-    """The stored grammar of ``key``, or ``None`` when absent or refused (then rebuilt)."""
+    """The stored grammar of ``key`` (whose build inputs must be ``expected``), or ``None``
+    when absent or refused (then deleted, and rebuilt by the caller).
+
+    Raises:
+        CompileLimitError: ``deadline`` passed while building.
+    Costs one read of the file (at most :data:`MAX_ENTRY_BYTES`) and :func:`deserialize`."""
     path = directory / f"{key}{SUFFIX}"
     try:
+        status = path.stat()
+        if not stat.S_ISREG(status.st_mode) or status.st_size > MAX_ENTRY_BYTES:
+            _remove(path)  # a FIFO was opened and waited on for ever; /dev/zero read 3.7 GB
+            return None
         data = path.read_bytes()
-        os.utime(path)  # the eviction keeps recently used entries
     except OSError:
         return None
     try:
-        return deserialize(data, vocabulary, table, key)
+        compiled = deserialize(data, vocabulary, table, key, expected, deadline)
     except StoredGrammarError:
+        _remove(path)
         return None
+    # The eviction keeps recently used entries; a read-only store is still read (it was
+    # treated as a miss).
+    with contextlib.suppress(OSError):
+        os.utime(path)
+    return compiled
+
+
+def _remove(path: Path) -> None:
+    with contextlib.suppress(OSError):
+        path.unlink()
 
 
 def store(directory: Path, compiled: CompiledGrammar, limit_bytes: int) -> None:
     """Write the entry (atomically), then evict the least recently used entries past
     ``limit_bytes``. A read-only or full disk only costs the next process a recompile."""
+    temporary = directory / f"{compiled.key}.{os.getpid()}.{threading.get_ident()}.tmp"
     try:
         directory.mkdir(parents=True, exist_ok=True)
-        temporary = directory / f"{compiled.key}.{os.getpid()}.tmp"
         temporary.write_bytes(serialize(compiled))
         temporary.replace(directory / f"{compiled.key}{SUFFIX}")
         evict(directory, limit_bytes)
     except OSError:
-        pass
+        _remove(temporary)  # a full disk left the partial file for an hour
 
 
 def evict(directory: Path, limit_bytes: int) -> None:

@@ -391,9 +391,20 @@ def build_pushdown(
     Costs O(distinct IR nodes) in Python plus the NFAs natively: about 0.1-0.2 ms for a
     median MaskBench schema.
     """
-    called = recursive_rules(grammar) | grammar.called_rules
-    source = source_of(grammar, called, nfa_state_limit, dfa_state_limit, stack_limit)
+    source = grammar_source(grammar, nfa_state_limit, dfa_state_limit, stack_limit)
     return build_from_source(source, deadline)
+
+
+def grammar_source(
+    grammar: Grammar,
+    nfa_state_limit: int = DEFAULT_NFA_STATE_LIMIT,
+    dfa_state_limit: int = DEFAULT_DFA_STATE_LIMIT,
+    stack_limit: int = DEFAULT_STACK_LIMIT,
+) -> AutomatonSource:
+    """What :func:`build_pushdown` builds ``grammar``'s automaton from (and what a stored
+    entry of it must hold). Costs O(distinct IR nodes), the flattening already done."""
+    called = recursive_rules(grammar) | grammar.called_rules
+    return source_of(grammar, called, nfa_state_limit, dfa_state_limit, stack_limit)
 
 
 def build_from_source(

@@ -238,7 +238,11 @@ def _schema_grammar(
     # Key order matters: property order is part of the grammar (no sort_keys). The dump's
     # cycle check stays, a second guard: check_nesting refuses a schema that holds itself
     # through the dicts, lists and tuples the dump writes.
-    key = json.dumps([schema, repr(options)], default=str)
+    # No default=str: {"const": np.int64(5)} got the grammar of {"const": "5"} cached first.
+    try:
+        key = json.dumps([schema, repr(options)])
+    except TypeError as error:
+        raise TypeError(f"the schema holds a value that is not JSON: {error}") from None
 
     built: list[tuple[Grammar, SchemaReport]] = []
 
@@ -278,7 +282,7 @@ def compile_schema(
     whitespace: int | None = None,
     on_unsupported: str = "error",
     max_string_length: int | None = None,
-    disk_cache: bool | str | os.PathLike[str] = True,
+    disk_cache: bool | str | os.PathLike[str] = False,
     cache: CompileCache | None = None,
     budget: CompileBudget | None = None,
 ) -> CompiledSchema:

@@ -1,0 +1,153 @@
+"""The disk store against entries made to break it: each is refused and deleted, and the
+grammar rebuilt from its own source, in bounded time and memory."""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import struct
+import zipfile
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+from helpers_mask import synthetic_vocabulary
+
+from formline.automata import AutomatonLimitError
+from formline.grammar import Grammar
+from formline.grammar.budget import CompileBudget
+from formline.mask import GrammarMatcher, clear_memory_cache, compile_grammar
+from formline.mask.compiler import CompileCache
+from formline.schema import compile_schema
+from formline.vocab import Vocabulary
+
+VOCABULARY = synthetic_vocabulary()
+LETTERS = Grammar.from_regex(r"[a-z]{1,5}")
+
+
+def stored_arrays(path: Path) -> dict[str, np.ndarray]:
+    with np.load(path) as stored:
+        return {name: stored[name] for name in stored.files}
+
+
+def write_arrays(path: Path, arrays: dict[str, Any]) -> None:
+    with path.open("wb") as handle:
+        np.savez(handle, **arrays)
+
+
+def recompile(grammar: Grammar, directory: Path) -> Any:
+    clear_memory_cache()
+    return compile_grammar(grammar, VOCABULARY, disk_cache=directory)
+
+
+def assert_rebuilt_and_right(directory: Path) -> None:
+    compiled = recompile(LETTERS, directory)
+    assert compiled.statistics.from_cache == "none"
+    matcher = GrammarMatcher(compiled)
+    assert matcher.accept_string("abc") and matcher.can_end()
+    assert not GrammarMatcher(compiled).accept_string("7")
+
+
+def test_an_entry_copied_under_another_key_is_refused(tmp_path: Path) -> None:
+    # The header's key is what the file says of itself: [0-9]+'s entry under the key of
+    # [a-z]{1,5}, its header edited, was used, and the grammar accepted "7", refused "a".
+    digits = Grammar.from_regex(r"[0-9]+")
+    compile_grammar(digits, VOCABULARY, disk_cache=tmp_path)
+    (digits_path,) = tmp_path.glob("*.npz")
+    clear_memory_cache()
+    compile_grammar(LETTERS, VOCABULARY, disk_cache=tmp_path)
+    (letters_path,) = set(tmp_path.glob("*.npz")) - {digits_path}
+    arrays = stored_arrays(digits_path)
+    header = json.loads(arrays["header"].tobytes())
+    header["key"] = letters_path.stem
+    arrays["header"] = np.frombuffer(json.dumps(header).encode(), dtype=np.uint8)
+    write_arrays(letters_path, arrays)
+    assert_rebuilt_and_right(tmp_path)
+    assert recompile(LETTERS, tmp_path).statistics.from_cache == "disk"  # written again
+
+
+@pytest.mark.parametrize(
+    "change",
+    [
+        {"seconds": "abc"},  # ValueError
+        {"seconds": {}},  # TypeError
+        {"limits": [2**70, 2**70, 2**70]},  # OverflowError
+        {"limits": [500_000, 2**31 - 1, 10_000]},  # std::bad_alloc in the native build
+        {"start": 10**400},
+    ],
+    ids=["text seconds", "object seconds", "huge limits", "huge DFA limit", "huge start"],
+)
+def test_a_header_with_wrong_values_is_refused(tmp_path: Path, change: dict[str, Any]) -> None:
+    # Each raised out of the compile, and again in every later one (the file stayed).
+    compile_grammar(LETTERS, VOCABULARY, disk_cache=tmp_path)
+    (path,) = tmp_path.glob("*.npz")
+    arrays = stored_arrays(path)
+    header = {**json.loads(arrays["header"].tobytes()), **change}
+    arrays["header"] = np.frombuffer(json.dumps(header).encode(), dtype=np.uint8)
+    write_arrays(path, arrays)
+    assert_rebuilt_and_right(tmp_path)
+
+
+def test_members_that_unpack_past_their_bound_are_refused(tmp_path: Path) -> None:
+    # A member whose .npy header claims 2**45 elements (MemoryError), and an extra member
+    # of zeros that unpacked to 3 GiB before the entry was used all the same.
+    compile_grammar(LETTERS, VOCABULARY, disk_cache=tmp_path)
+    (path,) = tmp_path.glob("*.npz")
+    original = path.read_bytes()
+    with zipfile.ZipFile(io.BytesIO(original)) as archive:
+        members = {name: archive.read(name) for name in archive.namelist()}
+    claim = io.BytesIO()  # a valid .npy header over 8 bytes of data
+    header = {"descr": "<i4", "fortran_order": False, "shape": (2**45,)}
+    np.lib.format.write_array_header_1_0(claim, header)
+    junk = io.BytesIO()
+    np.save(junk, np.zeros(8))
+    claimed = {**members, "a.npy": claim.getvalue() + bytes(8)}
+    for replaced in (claimed, {**members, "junk.npy": junk.getvalue()}):
+        buffer = io.BytesIO()
+        with zipfile.ZipFile(buffer, "w", zipfile.ZIP_DEFLATED) as archive:
+            for name, data in replaced.items():
+                archive.writestr(name, data)
+        path.write_bytes(buffer.getvalue())
+        assert_rebuilt_and_right(tmp_path)
+        path.write_bytes(original)
+
+
+@pytest.mark.skipif(not hasattr(os, "mkfifo"), reason="named pipes are POSIX")
+def test_a_pipe_named_as_an_entry_does_not_hang_the_compile(tmp_path: Path) -> None:
+    compile_grammar(LETTERS, VOCABULARY, disk_cache=tmp_path)
+    (path,) = tmp_path.glob("*.npz")
+    path.unlink()
+    os.mkfifo(path)  # its read waited for a writer for ever
+    assert_rebuilt_and_right(tmp_path)
+    assert path.is_file()  # the pipe was removed and the entry written again
+
+
+def test_a_grammar_past_its_state_limit_is_compiled_again() -> None:
+    # Its DFA states accumulate over every matcher of the cached grammar: once one walk met
+    # the limit, every later compile got the failed automaton, and every matcher failed.
+    words = [b""]
+    for _ in range(11):
+        words = [word + letter for word in words for letter in (b"a", b"b")] + words
+    vocabulary = Vocabulary.from_list([b"<eos>", b"x", *sorted(set(words) - {b""})], eos_ids=[0])
+    cache = CompileCache(disk_cache=False)
+    grammar = Grammar.from_regex(r"x(a|b)*a(a|b){20}")
+    budget = CompileBudget(dfa_states=2000)
+    compiled = cache.compile(grammar, vocabulary, budget)
+    matcher = GrammarMatcher(compiled)
+    assert matcher.accept_string("x")
+    with pytest.raises(AutomatonLimitError):
+        matcher.next_token_mask_words()
+    again = cache.compile(grammar, vocabulary, budget)
+    assert again is not compiled
+    assert GrammarMatcher(again).accept_string("xa")
+    assert cache.compile(grammar, vocabulary, budget) is again
+
+
+@pytest.mark.parametrize("value", [np.int64(5), struct], ids=["numpy integer", "module"])
+def test_a_schema_value_that_is_not_json_is_refused(value: Any) -> None:
+    # With default=str in the cache key, {"const": np.int64(5)} got {"const": "5"}'s grammar.
+    compile_schema({"const": "5"}, VOCABULARY, disk_cache=False)
+    with pytest.raises(TypeError, match="not JSON"):
+        compile_schema({"const": value}, VOCABULARY, disk_cache=False)
