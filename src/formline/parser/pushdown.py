@@ -416,8 +416,10 @@ def build_from_source(
         GrammarError, AutomatonLimitError, CompileLimitError: as :func:`build_pushdown`.
     """
     native, names = build_lazy(source, deadline)
-    flat_names = source.flat.rule_names
-    positions = {flat_names.index(name): place for place, name in enumerate(names)}
+    # One lookup table, not list.index per rule: 33,835 rules (300 optional properties under
+    # maxProperties 150) took 5.6 s here, quadratic and past the compile's budget.
+    index_of = {name: index for index, name in enumerate(source.flat.rule_names)}
+    positions = {index_of[name]: place for place, name in enumerate(names)}
     automaton = PushdownAutomaton(native, names, source.stack_limit, positions)
     automaton.source = source
     return automaton
