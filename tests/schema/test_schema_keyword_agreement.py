@@ -47,6 +47,15 @@ def test_nullable_admits_null_in_the_grammar_and_the_after_check_alike() -> None
     assert SchemaCheck(shared).check({"x": 3}) != []
 
 
+def test_one_of_nullable_branches_is_not_exclusive() -> None:
+    # Both branches admit null: the grammar wrote it and reported oneOf enforced, and the
+    # after-check refused it ("None is valid under each of ...").
+    both = {"oneOf": [{"type": "string", "nullable": True}, {"type": "integer", "nullable": True}]}
+    assert accepts(both, b"null") and "oneOf" in checked_after(both)
+    one = {"oneOf": [{"type": "string", "nullable": True}, {"type": "integer"}]}
+    assert "oneOf" not in checked_after(one)
+
+
 def test_min_properties_met_by_extra_members_is_checked_after() -> None:
     # {"a":1,"a":2} has two members in the text and one once parsed.
     assert accepts({"type": "object", "minProperties": 2}, b'{"a":1,"a":2}')
@@ -96,6 +105,20 @@ def test_property_names_beside_patterns_is_on_the_report() -> None:
     }
     assert accepts(schema, b'{"xxxx":1}')  # the pattern's key: propertyNames cannot hold it
     assert "propertyNames" in checked_after(schema)  # it was on no list at all
+
+
+def test_overlapping_patterns_are_on_the_report() -> None:
+    # A key must meet every pattern it matches; the grammar writes it through one pattern's
+    # branch. {"ab":1} broke b$'s minimum under a report that said patternProperties held.
+    schema = {
+        "type": "object",
+        "patternProperties": {"^a": {"type": "integer"}, "b$": {"minimum": 3}},
+        "additionalProperties": False,
+    }
+    assert accepts(schema, b'{"ab":1}') and SchemaCheck(schema).check({"ab": 1}) != []
+    assert "patternProperties" in checked_after(schema)
+    alone = {"type": "object", "patternProperties": {"^a": {}}, "additionalProperties": False}
+    assert "patternProperties" not in checked_after(alone)
 
 
 def test_all_of_additional_properties_meets_the_other_branch_patterns() -> None:

@@ -19,6 +19,7 @@ from hypothesis import strategies as st
 
 from formline.grammar.ir import Grammar, walk
 from formline.parser.pushdown import PushdownAutomaton, build_pushdown
+from formline.schema import schema_to_grammar
 from formline.schema.numbers import integer_bounds_from_schema, integer_node, number_node
 
 NumberBounds = tuple[Decimal | None, Decimal | None, bool, bool]
@@ -317,3 +318,41 @@ def test_size_grows_with_digits_not_with_values() -> None:
     automaton = integer_automaton((-(10**30) + 1, 10**30 - 1))
     assert matches(automaton, "9" * 30) and not matches(automaton, "1" + "0" * 30)
     assert automaton.size < 200
+
+
+large_bounds = st.none() | st.builds(
+    lambda sign, power, offset: sign * 10**power + offset,
+    st.sampled_from([1, -1]),
+    st.integers(0, 22),
+    st.integers(-5, 5),
+)
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    large_bounds,
+    large_bounds,
+    st.lists(st.sampled_from(["1", "1.5", "9.99"]), min_size=1, max_size=3),
+)
+def test_integer_schemas_accept_exponent_spellings_only_in_range(
+    low: int | None, high: int | None, mantissas: list[str]
+) -> None:
+    # Past 1e16 an integer may be written 1e+16 (json.dumps of a float); with one side
+    # unbounded those spellings were allowed whatever the other side's bound: under
+    # minimum 1e20, 1e+16 was accepted.
+    if low is not None and high is not None and low > high:
+        low, high = high, low
+    bounds = {"minimum": low, "maximum": high}
+    given = {key: bound for key, bound in bounds.items() if bound is not None}
+    schema = {"type": "integer", **given}
+    grammar, _ = schema_to_grammar(schema)
+    automaton = build_pushdown(grammar)
+    for mantissa in mantissas:
+        for exponent in range(16, 24):
+            for text in (f"{mantissa}e+{exponent}", f"-{mantissa}e+{exponent}"):
+                value = Decimal(text)
+                fits = (low is None or value >= low) and (high is None or value <= high)
+                assert not matches(automaton, text) or fits, (schema, text)
+                open_side = high if value > 0 else low  # spellings only where it is unbounded
+                if fits and mantissa == "1" and open_side is None:
+                    assert matches(automaton, text), (schema, text)

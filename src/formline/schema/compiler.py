@@ -576,7 +576,14 @@ def _are_disjoint(branches: list[Any], resolver: Any, parent: set[str] | None = 
         if not isinstance(branch, dict):
             return False
         objects.append(branch)
-    types = [type_set(branch, "") for branch in objects]
+    # nullable: true admits null beside the type, as the grammar reads it: two nullable
+    # branches both admit null (it was written, and refused by the after-check).
+    types = []
+    for branch in objects:
+        found = type_set(branch, "")
+        if found is not None and branch.get("nullable") is True:
+            found |= {"null"}
+        types.append(found)
     if all(found is not None for found in types):
         seen: set[str] = set()
         disjoint = True

@@ -44,6 +44,7 @@ MAX_ENFORCED_LENGTH = 128
 INLINE_ITEM_NODES = 40
 # Python's repr of an integral float from 1e16 up to the largest double (1.8e308).
 LARGE_INTEGER_FLOAT = r"[1-9](\.[0-9]{1,16})?e\+(1[6-9]|[2-9][0-9]|[12][0-9][0-9]|30[0-8])"
+LARGE_INTEGER_FLOOR = 10**16  # the least value LARGE_INTEGER_FLOAT writes
 # An unbounded repetition writes its item twice; past this many IR nodes it is called.
 INLINE_REPEATED_NODES = 1_000
 # A string value whose automaton is estimated at more than this many NFA states (a uri is
@@ -186,20 +187,39 @@ def _large_integer_floats(low: int | None, high: int | None) -> list[Node]:
     """The exponent spellings of integers past 1e16 on each unbounded side: ``json.dumps``
     writes the float 1e16 as ``1e+16``, an integer to JSON Schema, which the grammar used to
     refuse. With an exponent of 16 or more and at most 16 fraction digits every such text is
-    an integer; a bounded side gets none (the digits alone keep the bound exact)."""
+    an integer; a bounded side gets none (the digits alone keep the bound exact). Where the
+    other bound is past 1e16, only exponents whose every value is past it (under minimum
+    1e20, 1e+16 was accepted)."""
     options: list[Node] = []
     if high is None:
-        options.append(_large_integer_float())
+        options.extend(_large_integer_float(low))
     if low is None:
-        options.append(sequence(Literal(b"-"), _large_integer_float()))
+        negative = _large_integer_float(None if high is None else -high)
+        options.extend(sequence(Literal(b"-"), node) for node in negative)
     return options
 
 
+def _large_integer_float(least: int | None) -> list[Node]:
+    """The exponent spellings of magnitudes at least ``least`` (none when it is past 1e308)."""
+    if least is None or least <= LARGE_INTEGER_FLOOR:
+        return [_any_large_integer_float()]
+    exponent = len(str(least - 1))  # the least k with 10**k >= least
+    if exponent > 308:
+        return []
+    return [sequence(_mantissa(), integer_node(exponent, 308))]
+
+
 @cache
-def _large_integer_float() -> Node:
+def _any_large_integer_float() -> Node:
     """:data:`LARGE_INTEGER_FLOAT`'s node, parsed once (twice per integer field, it was a
     sixth of a median schema's grammar build)."""
     return parse_regex(LARGE_INTEGER_FLOAT)
+
+
+@cache
+def _mantissa() -> Node:
+    """:data:`LARGE_INTEGER_FLOAT` up to its exponent's digits."""
+    return parse_regex(r"[1-9](\.[0-9]{1,16})?e\+")
 
 
 def _bounds(schema: Schema, pointer: str) -> tuple[Decimal | None, Decimal | None, bool, bool]:
