@@ -115,6 +115,27 @@ def test_named_tool_call_arguments_validate(client: Any, model: str) -> None:
     jsonschema.validate(json.loads(call.function.arguments), schema)
 
 
+def test_a_cut_off_named_call_is_a_call_streamed_or_not(client: Any, model: str) -> None:
+    # Cut off at max_tokens, the call came back as message.content text, while the stream
+    # sent the same fragment as the call's arguments (OpenAI keeps it in tool_calls).
+    named = {"type": "function", "function": {"name": "get_weather"}}
+    request = {
+        "model": model,
+        "messages": ask("What is the weather in Paris?"),
+        "tools": [WEATHER_TOOL],
+        "tool_choice": named,
+        "max_tokens": 3,
+        "temperature": 0,
+    }
+    choice = client.chat.completions.create(**request).choices[0]
+    assert choice.finish_reason == "length" and not choice.message.content
+    (call,) = choice.message.tool_calls
+    assert call.function.name == "get_weather" and call.function.arguments.startswith("{")
+    deltas, finishes = tool_call_deltas(client.chat.completions.create(**request, stream=True))
+    streamed = "".join(delta.function.arguments or "" for delta in deltas)
+    assert streamed == call.function.arguments and finishes[-1] == "length"
+
+
 def test_required_tool_call_picks_one_of_the_tools(client: Any, model: str) -> None:
     response = client.chat.completions.create(
         model=model,

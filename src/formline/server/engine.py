@@ -281,7 +281,9 @@ def read_choice(generation: Generation, plan: Plan) -> ChoiceOutput:
     """The choice a generation makes under ``plan``: its content or tool call, the after-check.
 
     A cut-off output (``length``, or ``cancelled`` reported as ``length``) is returned as
-    text, never as a tool call or checked value. An output whose end the budget's closing
+    text, never as a checked value; under a named tool it is that tool's call with the
+    arguments written so far, as OpenAI returns it and as a stream sends it (it was text
+    here and a call in the stream). An output whose end the budget's closing
     policy wrote is complete (it parses, as a call too) but says ``length``: its last values
     are the grammar's shortest, not the model's, and a stream has sent its call already.
     A JSON array under ``tools`` is several calls. A JSON answer that is not JSON or fails
@@ -291,6 +293,8 @@ def read_choice(generation: Generation, plan: Plan) -> ChoiceOutput:
     text, finish = generation.text, generation.finish_reason
     if finish == "cancelled":
         finish = "length"
+    if finish == "length" and plan.mode == "tool_named":
+        return ChoiceOutput("", finish, [tool_call(plan.tool_name, text)])
     if finish == "length":
         return ChoiceOutput(text, finish)
     choice = _read_answer(text, finish, plan)
