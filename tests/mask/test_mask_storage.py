@@ -3,6 +3,7 @@ grammar rebuilt from its own source, in bounded time and memory."""
 
 from __future__ import annotations
 
+import datetime
 import io
 import json
 import os
@@ -151,3 +152,8 @@ def test_a_schema_value_that_is_not_json_is_refused(value: Any) -> None:
     compile_schema({"const": "5"}, VOCABULARY, disk_cache=False)
     with pytest.raises(TypeError, match="not JSON"):
         compile_schema({"const": value}, VOCABULARY, disk_cache=False)
+
+
+def test_an_annotation_that_is_not_json_still_compiles() -> None:
+    schema = {"type": "string", "maxLength": 3, "default": datetime.date(2020, 1, 1)}
+    assert compile_schema(schema, VOCABULARY, disk_cache=False).matcher().accept_string('"ab"')

@@ -54,6 +54,12 @@ def test_one_of_nullable_branches_is_not_exclusive() -> None:
     assert accepts(both, b"null") and "oneOf" in checked_after(both)
     one = {"oneOf": [{"type": "string", "nullable": True}, {"type": "integer"}]}
     assert "oneOf" not in checked_after(one)
+    # Under a parent object type, a tag told the branches apart, but not their nulls.
+    tagged = [
+        {"nullable": True, "properties": {"k": {"const": tag}}, "required": ["k"]}
+        for tag in ("a", "b")
+    ]
+    assert "oneOf" in checked_after({"type": "object", "oneOf": tagged})
 
 
 def test_min_properties_met_by_extra_members_is_checked_after() -> None:

@@ -271,11 +271,11 @@ def compile_grammar(
 
     Args:
         disk_cache: ``False`` (default) for none, ``True`` for the default directory, a path
-            for another. Off by default: an entry holds the automaton's build inputs, which
+            for another (ignored when ``cache`` is given: the cache has its own setting).
+            Off by default: an entry holds the automaton's build inputs, which
             the cache key's fingerprint has already flattened, so a load costs more than the
             build (60 MaskBench schemas, Llama-3: median 1.41-1.60 ms a compile with the
             store, 0.56-0.67 without; a diagnostic timing loop).
-            (ignored when ``cache`` is given: the cache has its own setting).
         budget: time and state limits of this compile (default :class:`CompileBudget()`:
             10 s, 500k NFA states per rule, 200k DFA states in all, made as decoding
             reaches them).

@@ -226,6 +226,13 @@ def schema_grammar(
     return _schema_grammar(source, options, cache, (budget or CompileBudget()).start())[0]
 
 
+def _key_of(value: Any) -> Any:
+    """A value JSON cannot write, in the cache key with its type (``default=str`` gave
+    ``{"const": np.int64(5)}`` the grammar of ``{"const": "5"}``); a ``default`` of a
+    ``datetime.date``, an annotation, still compiles."""
+    return {"\x00not JSON": [type(value).__module__, type(value).__qualname__, repr(value)]}
+
+
 def _schema_grammar(
     source: Any, options: SchemaOptions, cache: CompileCache | None, running: Deadline
 ) -> tuple[Grammar, SchemaReport | PackedReport]:
@@ -238,11 +245,7 @@ def _schema_grammar(
     # Key order matters: property order is part of the grammar (no sort_keys). The dump's
     # cycle check stays, a second guard: check_nesting refuses a schema that holds itself
     # through the dicts, lists and tuples the dump writes.
-    # No default=str: {"const": np.int64(5)} got the grammar of {"const": "5"} cached first.
-    try:
-        key = json.dumps([schema, repr(options)])
-    except TypeError as error:
-        raise TypeError(f"the schema holds a value that is not JSON: {error}") from None
+    key = json.dumps([schema, repr(options)], default=_key_of)
 
     built: list[tuple[Grammar, SchemaReport]] = []
 

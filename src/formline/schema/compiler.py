@@ -578,6 +578,8 @@ def _are_disjoint(branches: list[Any], resolver: Any, parent: set[str] | None = 
         objects.append(branch)
     # nullable: true admits null beside the type, as the grammar reads it: two nullable
     # branches both admit null (it was written, and refused by the after-check).
+    if sum(branch.get("nullable") is True for branch in objects) > 1:
+        return False  # null is valid under both, whatever a tag or a parent type says
     types = []
     for branch in objects:
         found = type_set(branch, "")

@@ -223,7 +223,7 @@ def _install_error_handlers(app: FastAPI) -> None:
 
 
 def _install_api_key(app: FastAPI, api_key: str) -> None:
-    """Every route but ``GET /health`` answers 401 without ``Authorization: Bearer
+    """Every route but ``GET`` and ``HEAD /health`` answers 401 without ``Authorization: Bearer
     <api_key>`` (compared in constant time)."""
     wanted = f"Bearer {api_key}".encode()
 

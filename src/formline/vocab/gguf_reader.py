@@ -165,9 +165,8 @@ class _HeaderWalker:
             element = np.dtype(self.order + _SCALAR_FORMATS[element_type])
             if self.offset + count * element.itemsize > len(self.buffer):
                 raise self.fail("array runs past the end of the file")
-            values = np.frombuffer(self.buffer, element, count, self.offset).copy()
-            self.offset += count * element.itemsize
-            return values if keep else []
+            start, self.offset = self.offset, self.offset + count * element.itemsize
+            return np.frombuffer(self.buffer, element, count, start).copy() if keep else []
         if depth >= MAX_ARRAY_DEPTH:
             raise self.fail(f"arrays nested more than {MAX_ARRAY_DEPTH} deep")
         if not keep:  # walked, not kept: no list of 2 million empty lists
