@@ -8,6 +8,8 @@ import io
 import json
 import os
 import struct
+import threading
+import time
 import zipfile
 from pathlib import Path
 from typing import Any
@@ -18,7 +20,7 @@ from helpers_mask import synthetic_vocabulary
 
 from formline.automata import AutomatonLimitError
 from formline.grammar import Grammar
-from formline.grammar.budget import CompileBudget
+from formline.grammar.budget import CompileBudget, CompileLimitError
 from formline.mask import GrammarMatcher, clear_memory_cache, compile_grammar
 from formline.mask.compiler import CompileCache
 from formline.schema import compile_schema
@@ -157,3 +159,26 @@ def test_a_schema_value_that_is_not_json_is_refused(value: Any) -> None:
 def test_an_annotation_that_is_not_json_still_compiles() -> None:
     schema = {"type": "string", "maxLength": 3, "default": datetime.date(2020, 1, 1)}
     assert compile_schema(schema, VOCABULARY, disk_cache=False).matcher().accept_string('"ab"')
+
+
+def test_a_caller_waiting_for_the_same_compile_keeps_its_own_budget() -> None:
+    # The second caller waited for the first caller's compile without a limit: 5 s under a
+    # 0.5 s budget. It now ends at its own deadline; the first compile is unharmed.
+    properties = {f"p{k}": {"type": "integer"} for k in range(600)}
+    schema = {"type": "object", "properties": properties, "maxProperties": 300}
+    cache = CompileCache(disk_cache=False)
+    first: list[Any] = []
+    thread = threading.Thread(
+        target=lambda: first.append(
+            compile_schema(schema, VOCABULARY, cache=cache, budget=CompileBudget(seconds=120))
+        )
+    )
+    thread.start()
+    started = time.monotonic()  # until the first compile is building the schema's grammar
+    while not any(key[0] == "schema-grammar" for key in list(cache._building)):
+        assert time.monotonic() - started < 60, "the first compile never started"  # hang guard
+        time.sleep(0.001)
+    with pytest.raises(CompileLimitError, match="waiting for the same compile"):
+        compile_schema(schema, VOCABULARY, cache=cache, budget=CompileBudget(seconds=0.05))
+    thread.join(timeout=300)
+    assert first and first[0].matcher().accept_string('{"p0":1}')

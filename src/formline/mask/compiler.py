@@ -11,6 +11,7 @@ is the public face; ``compile_grammar`` here is a thin wrapper over the default 
 from __future__ import annotations
 
 import hashlib
+import math
 import os
 import threading
 import time
@@ -94,10 +95,17 @@ class CompileCache:
         key: Any,
         build: Callable[[], DerivedValue],
         size_of: Callable[[DerivedValue], int] = lambda _: 1024,
+        deadline: Deadline | None = None,
     ) -> DerivedValue:
         """``build()``'s value for ``key``, computed once: a second caller for the same key
-        waits for the first, callers for other keys do not. ``build`` runs without the lock;
-        if it raises, nothing is stored and the error reaches its caller."""
+        waits for the first (until its own ``deadline``), callers for other keys do not.
+        ``build`` runs without the lock; if it raises, nothing is stored and the error
+        reaches its caller.
+
+        Raises:
+            CompileLimitError: ``deadline`` passed while waiting for another caller's build
+                (a caller with a 0.5 s budget waited 5 s for one under 30 s).
+        """
         while True:
             with self._lock:
                 found = self._entries.get(key)
@@ -110,7 +118,10 @@ class CompileCache:
                     waiter = self._building[key] = threading.Event()
             assert waiter is not None
             if not owner:
-                waiter.wait()
+                if deadline is None or not math.isfinite(deadline.at):
+                    waiter.wait()
+                elif not waiter.wait(max(0.0, deadline.at - time.monotonic())):
+                    deadline.check("waiting for the same compile on another thread")
                 continue
             try:
                 value = build()
@@ -164,6 +175,7 @@ class CompileCache:
                 ("grammar", key),
                 lambda: self._build(grammar, vocabulary, limits, key, running),
                 CompiledGrammar.memory_bytes,
+                running,
             )
             if not compiled.automaton.native.failed:
                 break

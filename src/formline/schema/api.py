@@ -261,7 +261,7 @@ def _schema_grammar(
     # a later caller gets a compact grammar and a report of its own. The size is counted
     # once: the cache counts every entry again now and then, and 270 reports' strings
     # counted each time made a compile take 1 ms more.
-    stored, packed, _ = chosen.memoize(("schema-grammar", key), build, STORED_SIZE)
+    stored, packed, _ = chosen.memoize(("schema-grammar", key), build, STORED_SIZE, running)
     if built:  # this call built them: they are its own, and their nodes go with them
         return built[0]
     return stored.compact(), packed
