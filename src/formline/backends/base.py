@@ -49,12 +49,14 @@ class Backend(Protocol):
 
     def render_chat(self, messages: list[dict[str, str]]) -> str:
         """The prompt text for chat ``messages`` (the model's own chat template, with the
-        assistant turn opened)."""
+        assistant turn opened); a :class:`~formline.backends.chat.RenderedPrompt` where a
+        message's text holds a special token's text, which stays text."""
         ...
 
     def tokenize_prompt(self, prompt: str) -> list[int]:
-        """The prompt's tokens: special-token texts parsed, a bos added where the model
-        asks for one (never twice)."""
+        """The prompt's tokens: special-token texts parsed, except in the text spans of a
+        :class:`~formline.backends.chat.RenderedPrompt` (message text), a bos added where
+        the model asks for one (never twice)."""
         ...
 
     def tokenize(self, text: bytes) -> list[int]:

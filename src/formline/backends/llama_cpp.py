@@ -16,6 +16,7 @@ drops every longer piece (47 of SmolLM2's tokens, e.g. 64 dashes or a newline pl
 from __future__ import annotations
 
 import atexit
+import re
 import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -25,6 +26,7 @@ from typing import Any
 import numpy as np
 
 from formline.backends.base import BackendError, ChatTemplateError
+from formline.backends.chat import render_guarded, special_text_pattern, split_prompt
 from formline.mask.bitmask import allocate_token_bitmask, apply_token_bitmask_inplace
 from formline.mask.matcher import GrammarMatcher
 from formline.vocab import Vocabulary
@@ -160,6 +162,7 @@ class LlamaCppBackend:
         except VocabularyError as error:
             raise BackendError(f"the GGUF tokenizer does not fit the model: {error}") from error
         self._chat_formatter: Any = None
+        self._special_texts: tuple[re.Pattern[str] | None] | None = None  # made on first use
 
     # ----------------------------------------------------------------- prompts
 
@@ -174,12 +177,22 @@ class LlamaCppBackend:
 
         Rendered by llama_cpp's ``Jinja2ChatFormatter`` (sandboxed jinja2, trim_blocks,
         lstrip_blocks, Transformers' ``tojson``) with ``add_generation_prompt=True`` and the
-        model's bos/eos token texts.
+        model's bos/eos token texts. A message whose text holds a special token's text keeps
+        it as text (:mod:`formline.backends.chat`).
 
         Raises:
             BackendError: the GGUF has no chat template, or the template fails to render.
-        The first call compiles the template (milliseconds); later calls only render.
+            ChatTemplateError: the template refused the messages, or changes a message text
+                that holds a special token's text.
+        The first call compiles the template (milliseconds); later calls only render (twice
+        when a message holds a special token's text).
         """
+        if self._special_texts is None:
+            self._special_texts = (special_text_pattern(self.vocabulary),)
+        return render_guarded(self._render, messages, self._special_texts[0])
+
+    def _render(self, messages: list[dict[str, str]]) -> str:
+        """The template applied to ``messages`` (see :meth:`render_chat`)."""
         if self._chat_formatter is None:
             template = self.chat_template
             if not template:
@@ -201,13 +214,16 @@ class LlamaCppBackend:
             raise BackendError(f"the chat template failed to render: {error}") from error
 
     def tokenize_prompt(self, prompt: str) -> list[int]:
-        """The prompt's tokens: special-token texts parsed, a bos added where the model asks
-        for one (never twice, when the text already starts with it).
+        """The prompt's tokens: special-token texts parsed (not in a
+        :class:`~formline.backends.chat.RenderedPrompt`'s text spans), a bos added where the
+        model asks for one (never twice, when the text already starts with it).
 
         Raises:
             BackendError: the prompt is empty and the model has no bos token to start from.
         """
-        tokens = list(self.llm.tokenize(prompt.encode("utf-8"), add_bos=True, special=True))
+        tokens: list[int] = []
+        for text, special in split_prompt(prompt):  # one piece unless a message is guarded
+            tokens += self.llm.tokenize(text.encode("utf-8"), add_bos=not tokens, special=special)
         bos = self.llm.token_bos()
         if len(tokens) >= 2 and tokens[0] == tokens[1] == bos:
             del tokens[0]

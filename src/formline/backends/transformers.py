@@ -21,6 +21,7 @@ from typing import Any
 import numpy as np
 
 from formline.backends.base import BackendError, ChatTemplateError
+from formline.backends.chat import render_guarded, special_text_pattern, split_prompt
 from formline.mask.batch import default_batch_matcher
 from formline.mask.bitmask import allocate_token_bitmask, apply_token_bitmask_inplace
 from formline.mask.compiled import CompiledGrammar
@@ -84,6 +85,7 @@ class TransformersBackend:
             self.vocabulary = Vocabulary.from_huggingface(self.tokenizer, self.logits_size)
         except VocabularyError as error:
             raise BackendError(f"{path}: tokenizer and model disagree: {error}") from error
+        self._special_texts = special_text_pattern(self.vocabulary)
         parameters = inspect.signature(self.model.forward).parameters
         # logits_to_keep=1 skips the LM head on all but the last position: the head is
         # 49,152 x 576 = 28M multiply-adds per position for SmolLM2 (a fifth of the model).
@@ -100,11 +102,19 @@ class TransformersBackend:
         return template if isinstance(template, str) else None
 
     def render_chat(self, messages: list[dict[str, str]]) -> str:
-        """The model's chat template applied to ``messages``, assistant turn opened.
+        """The model's chat template applied to ``messages``, assistant turn opened; a
+        message whose text holds a special token's text keeps it as text
+        (:mod:`formline.backends.chat`).
 
         Raises:
             BackendError: the tokenizer has no chat template.
+            ChatTemplateError: the template refused the messages, or changes a message text
+                that holds a special token's text.
         """
+        return render_guarded(self._render, messages, self._special_texts)
+
+    def _render(self, messages: list[dict[str, str]]) -> str:
+        """The template applied to ``messages`` (see :meth:`render_chat`)."""
         try:
             text = self.tokenizer.apply_chat_template(
                 messages, tokenize=False, add_generation_prompt=True
@@ -126,11 +136,19 @@ class TransformersBackend:
         return int(getattr(config, "max_position_embeddings", None) or DEFAULT_CONTEXT)
 
     def tokenize_prompt(self, prompt: str) -> list[int]:
-        """Prompt token ids: the tokenizer's special tokens (BOS) are added unless the text
-        already starts with them (a rendered chat template carries its own)."""
+        """Prompt token ids: special-token texts parsed (not in a
+        :class:`~formline.backends.chat.RenderedPrompt`'s text spans); the tokenizer's
+        special tokens (BOS) are added unless the text already starts with them (a rendered
+        chat template carries its own)."""
         bos = getattr(self.tokenizer, "bos_token", None)
         add_special = not (bos and prompt.startswith(bos))
-        return list(self.tokenizer(prompt, add_special_tokens=add_special)["input_ids"])
+        tokens: list[int] = []
+        for text, special in split_prompt(prompt):  # one piece unless a message is guarded
+            first = add_special and not tokens
+            split = not special
+            encoded = self.tokenizer(text, add_special_tokens=first, split_special_tokens=split)
+            tokens += encoded["input_ids"]
+        return tokens
 
     def tokenize(self, text: bytes) -> list[int]:
         """``text``'s tokens alone (no special tokens added)."""
