@@ -40,6 +40,13 @@ class Order(BaseModel):
         ("2.5", True, None),  # not a whole number
         ("thirty or forty", True, None),  # two numbers: no guess
         ("unknown", True, None),
+        ("minus five", True, -5),  # the sign in words (it read 5)
+        ("negative 3", True, -3),
+        ("-five", True, -5),
+        ("second", True, None),  # an ordinal is no amount (it read 2)
+        ("5 kg", True, None),  # other words: not all of it a number (it read 5)
+        ("1e300", False, 10**300),
+        ("1e99999999", True, None),  # past a float's range (building the int took minutes)
     ],
 )
 def test_a_spelled_number_reads_as_the_one_number_it_states(
@@ -86,3 +93,15 @@ def test_a_string_that_states_no_number_is_left_for_the_after_check() -> None:
     assert coerced["quantity"] == "some" and paths == []
     with pytest.raises(jsonschema.ValidationError):
         jsonschema.validate(coerced, schema)
+
+
+def test_a_string_the_schema_as_given_takes_is_never_coerced() -> None:
+    schema = {
+        "type": "object",
+        "properties": {
+            "code": {"anyOf": [{"type": "integer"}, {"type": "string"}]},
+            "count": {"type": "integer"},
+        },
+    }
+    coerced, paths = coerce_numbers({"code": "12", "count": "12"}, schema)
+    assert coerced == {"code": "12", "count": 12} and paths == ["count"]

@@ -19,7 +19,10 @@ from collections.abc import Callable
 from decimal import Decimal
 from typing import Any
 
-from formline.pipeline.grounding import extract_numbers
+import jsonschema
+from referencing.exceptions import Unresolvable
+
+from formline.pipeline.grounding import NUMBER_WORDS, WORD, extract_numbers
 
 NUMERIC_TYPES = ("integer", "number")
 # Digits and words, a sign, separators; 40 characters bound the string (a model that rambles
@@ -29,6 +32,10 @@ PLAIN_NUMBER = re.compile(r"^[+-]?(\d+(\.\d*)?|\.\d+)([eE][+-]?\d+)?$")
 # Commas between groups of three digits, and no point: thousands ("12,000" is 12000; read
 # as a decimal comma it was 12, coerced into an integer field with confidence 1.0).
 COMMA_THOUSANDS = re.compile(r"^[+-]?[1-9]\d{0,2}(,\d{3})+$")  # "0,500" is a decimal comma
+# A spelled number's characters: NUMBER_TEXT's ("5%" or "12B" is not a number).
+SPELLED_CHARACTERS = re.compile(r"[+-]?[0-9A-Za-z ,.'-]+")
+SIGN_WORDS = frozenset({"minus", "negative"})
+MAX_EXPONENT = 308  # a float's range: past it a spelled value is no number a field holds
 
 
 def map_subschemas(schema: Any, change: Callable[[dict[str, Any]], dict[str, Any]]) -> Any:
@@ -84,28 +91,56 @@ def without_separators(text: str) -> str:
 
 
 def read_number(text: str, integer: bool) -> int | float | None:
-    """The one number ``text`` states (``"34"``, ``"thirty-six"``, ``"1,250.5"``), or
-    ``None`` when it states none or several. ``integer``: only a whole number counts."""
+    """The one number ``text`` states, all of it a number (``"34"``, ``"thirty-six"``,
+    ``"minus five"``, ``"1,250.5"``), or ``None`` when it states none or several, holds other
+    words (``"second"``, ``"5 kg"``), or is past a float's range. ``integer``: only a whole
+    number counts. Costs one pass over ``text``."""
     cleaned = text.strip()
     plain = without_separators(cleaned)
     if PLAIN_NUMBER.match(plain):
         found = Decimal(plain)
     else:
-        values = set(extract_numbers(cleaned))
-        if len(values) != 1:
+        spelled = _read_spelled(cleaned)
+        if spelled is None:
             return None
-        found = values.pop()
-        if cleaned.startswith("-"):
-            found = -found
+        found = spelled
+    # "1e99999999" is ten characters of NUMBER_TEXT; as an int it took minutes to build.
+    if found and found.adjusted() > MAX_EXPONENT:
+        return None
     if found == found.to_integral_value():
         return int(found)
     return None if integer else float(found)
+
+
+def _read_spelled(text: str) -> Decimal | None:
+    """The number ``text`` spells in words and digits (a leading ``-``, "minus" or
+    "negative" its sign), or ``None`` if it holds any other word or character."""
+    words = [word.lower() for word in WORD.findall(text)]
+    signed = bool(words) and words[0] in SIGN_WORDS
+    if signed:  # "minus five": the rest is the number
+        words, text = words[1:], text.split(maxsplit=1)[-1]
+    if not SPELLED_CHARACTERS.fullmatch(text) or any(w not in NUMBER_WORDS for w in words):
+        return None
+    values = set(extract_numbers(text))
+    if len(values) != 1:
+        return None
+    found = values.pop()
+    return -found if signed or text.startswith("-") else found
 
 
 class _Coercion:
     def __init__(self, root: dict[str, Any]):
         self.root = root
         self.coerced: list[str] = []
+        self.validator = jsonschema.validators.validator_for(root)(root)
+
+    def is_valid(self, value: Any, schema: dict[str, Any]) -> bool:
+        """Whether ``value`` already fits ``schema`` (``$ref`` read from the root); a schema
+        the validator cannot read counts as not fitting (the after-check names it)."""
+        try:
+            return bool(self.validator.evolve(schema=schema).is_valid(value))
+        except (Unresolvable, RecursionError, ValueError, re.error):  # as schema/api.py
+            return False
 
     def resolve(self, schema: Any) -> Any:
         reference = schema.get("$ref") if isinstance(schema, dict) else None
@@ -121,6 +156,10 @@ class _Coercion:
     def walk(self, value: Any, schema: Any, path: str) -> Any:
         schema = self.resolve(schema)
         if not isinstance(schema, dict):
+            return value
+        # A string the schema as given takes ("12B" where anyOf has a string branch) is the
+        # model's value, not a spelled number.
+        if isinstance(value, str) and self.is_valid(value, schema):
             return value
         kind = _numeric_kind(schema)
         if kind is not None and isinstance(value, str):
