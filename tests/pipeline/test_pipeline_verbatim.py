@@ -4,6 +4,7 @@ text, where a subschema is plain, and never a schema made unsatisfiable."""
 from __future__ import annotations
 
 import json
+from decimal import Decimal
 from typing import Any
 
 import pytest
@@ -50,6 +51,25 @@ def test_spans_are_word_runs_without_their_edge_punctuation() -> None:
 
 def test_numbers_are_read_from_digits_and_words() -> None:
     assert set(source_numbers(SOURCE)) >= {29, 12}
+
+
+def test_a_negative_number_the_text_states_can_be_written(smollm2_vocab: Any) -> None:
+    # Magnitudes only, the low of -7 was narrowed to [7, 12]: the mask refused -7.
+    text = "Low of -7 C, high 12; balance −250.50, minus 3 fees. 2020-2021, COVID-19."
+    numbers = source_numbers(text)
+    assert {-7, Decimal("-250.50"), -3} <= set(numbers) and {7, 12, 2020, 2021, 19} <= set(numbers)
+    assert -2021 not in numbers and -19 not in numbers  # a dash inside a word is no sign
+    schema = {"type": "object", "properties": {"low": {"type": "integer"}}}
+    narrowed = verbatim_schema(schema, text)
+    matcher = compile_schema(narrowed, smollm2_vocab, disk_cache=False).matcher()
+    assert matcher.accept_string('{"low":-7}') and matcher.can_end()
+
+
+def test_a_long_digit_table_is_no_candidate() -> None:
+    # 2,000 space-grouped "123"s read as one 6,000-digit number: an enum the compiler refused
+    # (past 4,000 digits), so extract() failed on a schema the user never wrote.
+    numbers = source_numbers("123 " * 2000 + "and 1" + "0" * 99)
+    assert numbers == [123, 10**99]
 
 
 def test_plain_values_are_narrowed_and_the_rest_kept() -> None:

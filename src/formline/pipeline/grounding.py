@@ -337,8 +337,7 @@ def _word_runs(source: str) -> Iterator[list[tuple[int, str]]]:
     for match in WORD.finditer(source):
         word = match.group().casefold()
         cardinal = ORDINALS.get(word, word)
-        joined = WORD_GAP.fullmatch(source, previous_end, match.start()) is not None
-        if run and (not joined or cardinal not in NUMBER_WORDS):
+        if run and (cardinal not in NUMBER_WORDS or not _is_word_gap(source, previous_end, match)):
             yield run
             run = []
         if cardinal in NUMBER_WORDS:
@@ -349,6 +348,15 @@ def _word_runs(source: str) -> Iterator[list[tuple[int, str]]]:
         previous_end = match.end()
     if run:
         yield run
+
+
+def _is_word_gap(source: str, start: int, following: re.Match[str]) -> bool:
+    """Whether ``source[start:following.start()]`` joins two words of one number: spaces
+    and at most one hyphen ("forty-two", "forty two"). Tested only after a number word, and
+    the gap stripped first: WORD_GAP matched on the whole gap backtracked over it, 14.6 s for
+    a source of 40,000 newlines."""
+    gap = source[start : following.start()].strip()
+    return gap == "" or (len(gap) == 1 and WORD_GAP.fullmatch(gap) is not None)
 
 
 def _parse_number(words: list[str], start: int) -> tuple[int, int] | None:

@@ -42,6 +42,12 @@ MAX_SPANS = 4000  # about 500 words of source; past that, longer spans are dropp
 # Stripped from both ends of a span: "Porto Alegre," and "(Kraków)" are the places.
 EDGE_PUNCTUATION = " \t\n,.;:!?()[]{}\"'“”‘’«»"
 MAX_SCALE_STEPS = 10  # 1-10, 0-10, 1-5: a rating (see _is_scale)
+# A minus sign or word right before digits, not inside a word or after one ("2020-2021",
+# "COVID-19" are no negatives).
+NEGATIVE_NUMBER = re.compile(
+    r"(?:(?<![\w.,)\]])[-\u2212]|\b(?:minus|negative)\s+)([0-9]+(?:[.,][0-9]+)*)", re.IGNORECASE
+)
+MAX_NUMBER_DIGITS = 100  # a value's digits; an id may have 30 (see _is_short)
 KEY_SEPARATORS = r"[=:]"  # inside a word: "uid=u_2048", "id:70921"
 # distinct_arrays' walk: the 2,295 MaskBench schemas need 8 visits at the median; 4 need
 # more than this (JsonSchemaStore's theme.json, 657,187), and past it arrays are not tracked.
@@ -71,8 +77,26 @@ def source_spans(source: str, max_words: int = MAX_SPAN_WORDS) -> list[str]:
 
 
 def source_numbers(source: str) -> list[Decimal]:
-    """The numbers ``source`` states (digits or words), once each, in order."""
-    return list(dict.fromkeys(extract_numbers(source)))
+    """The numbers ``source`` states (digits or words), once each, in order, then the
+    negative ones: a magnitude written after a minus sign ("-7 C", "−250.50") or "minus" /
+    "negative" (:func:`extract_numbers` reads magnitudes only, so "a low of -7" offered 7
+    and refused -7). A magnitude is kept beside its negative ("-" may be a dash). Numbers
+    of more than :data:`MAX_NUMBER_DIGITS` digits are left out. Costs two passes over
+    ``source``."""
+    negatives = [
+        -value
+        for match in NEGATIVE_NUMBER.finditer(source)
+        for value in extract_numbers(match.group(1))[:1]
+    ]
+    numbers = [*extract_numbers(source), *negatives]
+    return [number for number in dict.fromkeys(numbers) if _is_short(number)]
+
+
+def _is_short(number: Decimal) -> bool:
+    """Whether ``number`` has at most :data:`MAX_NUMBER_DIGITS` digits before its point (a
+    table of space-grouped digits read as one 6,000-digit number, an enum the compiler
+    refused: past 4,000 digits)."""
+    return not number or number.adjusted() < MAX_NUMBER_DIGITS
 
 
 @dataclass(frozen=True)
