@@ -109,14 +109,15 @@ def test_a_number_the_schemas_step_refuses_is_no_candidate(smollm2_vocab: Any) -
     assert verbatim_schema(half, "3 boxes of 10, 2.5 kg")["properties"]["kg"]["enum"] == [
         3, 10, 2.5, None,
     ]  # fmt: skip
-    # As the compiler judges a step (jsonschema's float division: 0.3 is no multiple of 0.1
-    # there), and without failing on a number too long for a decimal context or a float.
+    # As the compiler and the after-check judge a step: exactly (jsonschema's float division
+    # refused 0.3 under 0.1, and 19.99 under 0.01), and without failing on a long number.
     tenth = {"type": "object", "properties": {"p": {"type": "number", "multipleOf": 0.1}}}
-    narrowed = verbatim_schema(tenth, "0.3 or 0.5, ids 120 340 560 780 910 230 450 670 890 110")
+    narrowed = verbatim_schema(tenth, "0.3 or 0.55, ids 120 340 560 780 910 230 450 670 890 110")
     kept = narrowed["properties"]["p"]["enum"]
-    assert 0.5 in kept and 0.3 not in kept and 120340560780910230450670890110 in kept
+    assert 0.3 in kept and 0.55 not in kept and 120340560780910230450670890110 in kept
     compiled = compile_schema(narrowed, smollm2_vocab, disk_cache=False)
-    assert compiled.matcher().accept_string('{"p":0.5}')  # the compiler kept what it kept
+    assert compiled.matcher().accept_string('{"p":0.3}')  # the compiler kept what it kept
+    assert compiled.check({"p": 0.3}) == []
     huge = "1" + "0" * 330 + " and 2.5"
     assert verbatim_schema(tenth, huge)["properties"]["p"]["enum"] == [2.5]
 

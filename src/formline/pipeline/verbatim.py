@@ -31,11 +31,10 @@ from dataclasses import dataclass
 from decimal import Decimal
 from typing import Any
 
-from jsonschema import Draft202012Validator
-
 from formline.pipeline.dates import source_dates
 from formline.pipeline.grounding import extract_numbers
 from formline.pipeline.tolerance import map_subschemas
+from formline.schema.multiples import is_multiple_of
 
 MAX_SPAN_WORDS = 8  # a name, a city, a vendor, an item's description
 MAX_SPANS = 4000  # about 500 words of source; past that, longer spans are dropped first
@@ -180,30 +179,27 @@ def _fits_length(node: dict[str, Any], span: str) -> bool:
 def _numbers_within(node: dict[str, Any], numbers: list[Decimal], integer: bool) -> list[Any]:
     found: list[Any] = []
     step = node.get("multipleOf")
-    stepped = None
-    if isinstance(step, int | float) and not isinstance(step, bool) and step > 0:
-        stepped = Draft202012Validator({"multipleOf": step})
+    if not isinstance(step, int | float) or isinstance(step, bool) or not step > 0:
+        step = None
     for number in numbers:
         if integer and number != number.to_integral_value():
             continue
         if not _within(node, number):
             continue
         value: Any = int(number) if number == number.to_integral_value() else float(number)
-        if stepped is not None and not _is_step_multiple(value, stepped):
+        if step is not None and not _is_step_multiple(value, step):
             continue
         found.append(value)
     return list(dict.fromkeys(found))
 
 
-def _is_step_multiple(value: int | float, stepped: Draft202012Validator) -> bool:
-    """Whether ``value`` (as the enum will hold it) is a multiple of the step ``stepped``
-    checks, as the schema compiler judges it: it keeps the enum values jsonschema's
-    ``multipleOf`` accepts, which
-    divides a float step in floating point (0.3 is no multiple of 0.1 there). Left out, a
-    value the text states but the step refuses made the narrowed enum empty (a valid schema
-    unsatisfiable) or only null. A value too large to divide is no candidate."""
+def _is_step_multiple(value: int | float, step: int | float) -> bool:
+    """Whether ``value`` (as the enum will hold it) is a multiple of ``step`` as the schema
+    compiler and the after-check judge it (exactly: 19.99 is a multiple of 0.01). Left out,
+    a value the text states but the step refuses made the narrowed enum empty (a valid
+    schema unsatisfiable) or only null. A value too large for a float is no candidate."""
     try:
-        return bool(stepped.is_valid(value))
+        return is_multiple_of(value, step)
     except (OverflowError, ValueError):
         return False
 

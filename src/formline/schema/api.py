@@ -29,6 +29,7 @@ from formline.schema.compiler import (
     root_resolver,
 )
 from formline.schema.metaschema import check_schema, format_checker
+from formline.schema.multiples import with_exact_multiples
 from formline.schema.nesting import check_nesting
 from formline.schema.ordering import order_like_schema
 from formline.schema.python_patterns import with_python_patterns
@@ -330,8 +331,9 @@ def compile_schema(
 def _validator(schema: dict[str, Any] | bool) -> Any:
     """The schema's own draft validator with that draft's format checker (a bare
     ``FormatChecker()`` mixes drafts: its "time" is draft 3's ``%H:%M:%S``, which refuses
-    ``08:30:06Z``), reading ``nullable`` as the grammar does (:func:`_with_nullable`)."""
-    cls = _with_nullable(validator_for(schema, default=Draft202012Validator))
+    ``08:30:06Z``), reading ``nullable`` as the grammar does (:func:`_with_nullable`) and
+    ``multipleOf`` exactly (:mod:`formline.schema.multiples`: 19.99 is a multiple of 0.01)."""
+    cls = _with_nullable(with_exact_multiples(validator_for(schema, default=Draft202012Validator)))
     return cls(schema, format_checker=format_checker(cls))
 
 

@@ -24,6 +24,7 @@ from formline.schema.merge import (
     json_equal,
     type_set,
 )
+from formline.schema.multiples import with_exact_multiples
 from formline.schema.numbers import integer_bounds_from_schema, integer_node, number_node
 from formline.schema.patterns import pattern_node
 from formline.schema.python_patterns import with_python_patterns
@@ -148,7 +149,7 @@ def _filter_by_schema(
         for keyword in sorted(constraints):
             compiler.record("checked_after", keyword, pointer, "beside enum, with a $ref")
         return values
-    draft = Draft7Validator if compiler.is_draft7 else Draft202012Validator
+    draft = with_exact_multiples(Draft7Validator if compiler.is_draft7 else Draft202012Validator)
     # Patterns as ECMA-262 reads them: Python's \W refused the "é" of ^\W$ here.
     validator = draft(with_python_patterns(local)[0], format_checker=compiler.format_checker)
     for keyword in sorted(constraints):
