@@ -24,11 +24,19 @@ import re
 from collections.abc import Iterable, Iterator
 from typing import Any
 
+from jsonschema import Draft202012Validator
+
+from formline.schema.python_patterns import with_python_patterns
 from formline.schema.report import SchemaError
 
 SCALAR_TYPES = frozenset({"string", "integer", "number", "boolean"})
 BRANCH_KEYWORDS = ("anyOf", "oneOf", "allOf")
 ANNOTATIONS = ("title", "description", "default", "examples")
+# Keywords whose subschemas (or values) judge a null on their own: a field with one is
+# wrapped in anyOf rather than given "null" in its "type".
+BESIDE_TYPE = frozenset(
+    {"const", "$ref", "$dynamicRef", "allOf", "anyOf", "oneOf", "not", "if", "then", "else"}
+)
 OTHER = "other"
 DEFAULT_REASON_FIELD = "{field}_other"
 REASON_DESCRIPTION = "Only when {field} is 'other': what it is instead, in a few words."
@@ -79,9 +87,7 @@ def add_other_option(
             reason = reason_field.format(field=name)
             if reason in properties:
                 raise SchemaError(f"field {path!r}: the reason property {reason!r} exists")
-            if OTHER not in field_schema["enum"]:
-                field_schema["enum"] = [*field_schema["enum"], OTHER]
-            properties[name] = field_schema
+            properties[name] = _with_other(field_schema)
             _insert_after(properties, name, reason, _reason_schema(name))
     return result
 
@@ -150,7 +156,9 @@ def _nullable(field_schema: Any) -> Any:
         return {"anyOf": [field_schema, {"type": "null"}]}
     result = dict(field_schema)
     kinds = result.get("type")
-    if isinstance(kinds, str | list) and "const" not in result and "$ref" not in result:
+    # Beside an applicator (an allOf branch with its own type, a $ref) a null in "type"
+    # still failed the branch: only a field without one is widened in place.
+    if isinstance(kinds, str | list) and not set(result) & BESIDE_TYPE:
         listed = [kinds] if isinstance(kinds, str) else list(kinds)
         result["type"] = listed if "null" in listed else [*listed, "null"]
         if isinstance(result.get("enum"), list) and None not in result["enum"]:
@@ -162,6 +170,20 @@ def _nullable(field_schema: Any) -> Any:
         return result
     kept = {key: result.pop(key) for key in ANNOTATIONS if key in result}
     return {**kept, "anyOf": [result, {"type": "null"}]}
+
+
+def _with_other(field_schema: dict[str, Any]) -> dict[str, Any]:
+    """The string enum ``field_schema`` with ``"other"`` among its values; where its other
+    keywords refuse ``"other"`` (a ``maxLength`` of 3, a ``pattern``), ``"other"`` is an
+    ``anyOf`` branch of its own, the field's annotations kept outside."""
+    if OTHER in field_schema["enum"]:
+        return field_schema
+    widened = {**field_schema, "enum": [*field_schema["enum"], OTHER]}
+    if Draft202012Validator(with_python_patterns(widened)[0]).is_valid(OTHER):
+        return widened
+    kept = {key: field_schema[key] for key in ANNOTATIONS if key in field_schema}
+    rest = {key: value for key, value in field_schema.items() if key not in kept}
+    return {**kept, "anyOf": [rest, {"const": OTHER}]}
 
 
 def _reason_schema(field: str) -> dict[str, Any]:
