@@ -5,11 +5,12 @@ from __future__ import annotations
 
 import asyncio
 import json
+import threading
 import time
 from typing import Any
 
 import pytest
-from pydantic import BaseModel
+from pydantic import BaseModel, Field
 
 import formline
 from formline.backends.base import BackendError
@@ -118,3 +119,86 @@ def test_decoding_again_on_the_same_thread_is_a_named_error(llama_backend: Any) 
     with pytest.raises(BackendError, match="already decoding on this thread"):
         decode(engine, "Hi", None, Sampling(on_tokens=nested))
     assert decode(engine, "Hi", None, Sampling()).finish_reason == "stop"  # the turn is free
+
+
+class Node(BaseModel):
+    name: str
+    children: list[Node] = []
+
+
+def test_a_recursive_model_streams_partial_trees(llama_backend: Any) -> None:
+    # Its partial twin recursed until RecursionError, raised with the loop still running.
+    answer = '{"name":"root","children":[{"name":"leaf","children":[]}]}'
+    engine = ScriptedEngine(llama_backend, answer)
+    *partials, final = formline.stream("Tree?", Node, engine, describe_schema=False)
+    assert final == Node(name="root", children=[Node(name="leaf")])
+    twin = partial_model(Node)
+    assert partials and all(isinstance(item, twin) for item in partials)
+    assert any(item.children and item.children[0].children is None for item in partials)
+
+
+def _stream_workers() -> list[threading.Thread]:
+    return [thread for thread in threading.enumerate() if thread.name == "formline-stream"]
+
+
+def test_a_partial_model_that_fails_starts_no_decoding(
+    llama_backend: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The reader was built after the worker started and outside the try: its error left
+    # the worker decoding to max_tokens, holding the engine's turn.
+    def refuse(model: Any) -> Any:
+        raise TypeError(f"no partial twin for {model.__name__}")
+
+    monkeypatch.setattr("formline.pipeline.stream.partial_model", refuse)
+    engine = SlowEngine(llama_backend, ANSWER)
+    with pytest.raises(TypeError, match="no partial twin"):
+        list(formline.stream("Who?", Person, engine, describe_schema=False))
+
+    async def collect() -> list[Any]:
+        stream = formline.stream("Who?", Person, engine, describe_schema=False)
+        return [item async for item in stream]
+
+    with pytest.raises(TypeError, match="no partial twin"):
+        asyncio.run(collect())
+    assert _stream_workers() == [] and engine.fed == []  # nothing decoded, no worker left
+    again = formline.generate("Who?", Person, engine, describe_schema=False)
+    assert again.value == Person(name="Ada Lovelace", age=36)  # the engine's turn is free
+
+
+class Resident(BaseModel):
+    name: str
+    age: int
+    city: str
+
+
+def test_a_tolerant_stream_yields_partial_instances(llama_backend: Any) -> None:
+    # numbers="tolerant" compiles a rewritten schema without the model: the partials were
+    # plain dicts. A spelled-out age fails the twin's int: that field alone is left out.
+    answer = '{"name":"Ada","age":"thirty-six","city":"London town"}'
+    engine = ScriptedEngine(llama_backend, answer)
+    stream = formline.stream("Who?", Resident, engine, describe_schema=False, numbers="tolerant")
+    *partials, final = stream
+    assert final == Resident(name="Ada", age=36, city="London town")
+    twin = partial_model(Resident)
+    assert partials and all(isinstance(item, twin) for item in partials)
+    assert all(item.age is None for item in partials)
+    assert partials[-1].city == "London town" and partials[-1].name == "Ada"
+
+
+class Aliased(BaseModel):
+    name: str = Field(alias="fullName")
+    pair: tuple[int, str]
+    tail: str
+
+
+def test_aliases_and_fixed_tuples_stream(llama_backend: Any) -> None:
+    # An aliased field never showed (the twin had no alias); a whole tuple[int, str] failed
+    # the twin's list[int], and nothing after it streamed.
+    answer = '{"fullName":"Ada Lovelace","pair":[1,"a"],"tail":"long tail text"}'
+    engine = ScriptedEngine(llama_backend, answer)
+    *partials, final = formline.stream("Who?", Aliased, engine, describe_schema=False)
+    assert final == Aliased(fullName="Ada Lovelace", pair=(1, "a"), tail="long tail text")
+    names = [item.name for item in partials if item.name]
+    assert names and names[-1] == "Ada Lovelace"
+    assert partials[-1].pair == (1, "a") and partials[-1].tail == "long tail text"
+    assert any(item.tail == "long" for item in partials)

@@ -6,18 +6,20 @@ holds every complete member, and the string being written when it is a value (in
 "trailing strings"); a number or literal being written waits until it ends (``3`` may
 still become ``34``), and so does a key. :func:`partial_model` is a Pydantic model's
 partial twin, instructor's ``Partial[Model]``: every field optional, nested models
-partial too, no validators, so a value half decoded still validates.
+partial too, no validators, so a value half decoded still validates (aliases kept,
+recursive models and fixed tuples included).
 """
 
 from __future__ import annotations
 
-import functools
 import json
+import threading
 import types
 import typing
 from typing import Any
 
-from pydantic import BaseModel, create_model
+from pydantic import BaseModel, ConfigDict, Field, create_model
+from pydantic.fields import FieldInfo
 
 NOTHING: Any = object()  # no value yet
 LITERALS = ("true", "false", "null")
@@ -140,26 +142,110 @@ class PartialJson:
         self._mark(end)
 
 
-@functools.cache
+# The twins built so far, one per model; built under the lock, so two threads streaming the
+# same model for the first time share one twin (the cache test relies on ``is``).
+_TWINS: dict[type[BaseModel], type[BaseModel]] = {}
+_TWINS_LOCK = threading.Lock()
+# The model settings a twin keeps: how its fields are read (by alias, by name) and which
+# field types it may hold; validators and strictness are left out on purpose.
+KEPT_SETTINGS = (
+    "populate_by_name",
+    "validate_by_name",
+    "validate_by_alias",
+    "serialize_by_alias",
+    "arbitrary_types_allowed",
+)
+
+
 def partial_model(model: type[BaseModel]) -> type[BaseModel]:
     """``model`` with every field optional (default ``None``), nested models (also inside
-    lists, dicts and unions) partial too, and none of its validators. Cached per model."""
-    fields: dict[str, Any] = {
-        name: (_partial_annotation(info.annotation) | None, None)
-        for name, info in model.model_fields.items()
-    }
-    partial: type[BaseModel] = create_model(f"Partial{model.__name__}", **fields)
-    return partial
+    lists, tuples, dicts and unions, and the model itself in a recursive one) partial too,
+    and none of its validators. Aliases (``alias``, ``validation_alias``, an
+    ``alias_generator``'s) and ``populate_by_name`` are kept, so the partial JSON, written
+    with the schema's names, fills the fields. A fixed tuple (``tuple[int, str]``) takes
+    each of its prefixes, each position partial; ``tuple[X, ...]`` is a list. Cached per
+    model.
+
+    Raises:
+        pydantic.PydanticUndefinedAnnotation: a field's type is a forward reference that
+            ``model`` itself never resolved (``model_rebuild`` was not called).
+    """
+    twin = _TWINS.get(model)
+    if twin is not None:
+        return twin
+    with _TWINS_LOCK:
+        if model not in _TWINS:
+            _TwinBuilder().build(model)
+        return _TWINS[model]
 
 
-def _partial_annotation(annotation: Any) -> Any:
-    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
-        return partial_model(annotation)
-    origin, arguments = typing.get_origin(annotation), typing.get_args(annotation)
-    if origin in (list, tuple, set, frozenset) and arguments:
-        return list.__class_getitem__(_partial_annotation(arguments[0]))
-    if origin is dict and len(arguments) == 2:
-        return dict.__class_getitem__((arguments[0], _partial_annotation(arguments[1])))
-    if origin in (typing.Union, types.UnionType):
-        return functools.reduce(lambda a, b: a | b, map(_partial_annotation, arguments))
-    return annotation
+class _TwinBuilder:
+    """Builds the twin of one model and of every model it reaches that has none yet. A
+    model met again while its twin is being built (``children: list["Node"]``) is named by
+    a forward reference, since its twin does not exist yet; once every twin of the round
+    exists they are rebuilt with those names resolved, and only then cached."""
+
+    def __init__(self) -> None:
+        self.names: dict[type[BaseModel], str] = {}  # model -> its twin's reference name
+        self.twins: dict[str, type[BaseModel]] = {}  # reference name -> twin, in build order
+
+    def build(self, model: type[BaseModel]) -> None:
+        self.twin(model)
+        namespace = dict(self.twins)
+        for twin in reversed(self.twins.values()):  # the innermost twins first
+            twin.model_rebuild(force=True, _types_namespace=namespace)
+        for known, name in self.names.items():
+            _TWINS[known] = self.twins[name]
+
+    def twin(self, model: type[BaseModel]) -> Any:
+        """The twin of ``model`` (a forward reference to it while this round builds it)."""
+        built = _TWINS.get(model)
+        if built is not None:
+            return built
+        if model in self.names:
+            return typing.ForwardRef(self.names[model])
+        name = self.names[model] = f"_partial_{len(self.names)}"
+        # typing.Optional, not "| None": the annotation may be a forward reference.
+        fields: dict[str, Any] = {}
+        for field, info in model.model_fields.items():
+            optional: Any = typing.Optional[self.annotation(info.annotation)]  # noqa: UP045
+            fields[field] = (optional, _partial_field(info))
+        config: dict[str, Any] = dict(model.model_config)
+        settings = {key: config[key] for key in KEPT_SETTINGS if key in config}
+        self.twins[name] = create_model(
+            f"Partial{model.__name__}", __config__=typing.cast(ConfigDict, settings), **fields
+        )
+        return self.twins[name]
+
+    def annotation(self, annotation: Any) -> Any:
+        """``annotation`` with every model in it replaced by its twin."""
+        if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+            return self.twin(annotation)
+        origin, arguments = typing.get_origin(annotation), typing.get_args(annotation)
+        if origin is tuple and arguments and arguments[-1] is not Ellipsis:
+            # A fixed tuple's partial array is a prefix of it: as list[first type], its
+            # second position failed and the tuple never showed once complete.
+            positions = [self.annotation(argument) for argument in arguments]
+            prefixes = [
+                tuple.__class_getitem__(tuple(positions[:end]))
+                for end in range(1, len(positions) + 1)
+            ]
+            return typing.Union[(tuple[()], *prefixes)]
+        if origin in (list, tuple, set, frozenset) and arguments:
+            return list.__class_getitem__(self.annotation(arguments[0]))
+        if origin is dict and len(arguments) == 2:
+            return dict.__class_getitem__((arguments[0], self.annotation(arguments[1])))
+        if origin in (typing.Union, types.UnionType):
+            # typing.Union, not "|": a member may be a forward reference.
+            return typing.Union[tuple(map(self.annotation, arguments))]  # noqa: UP007
+        return annotation
+
+
+def _partial_field(info: FieldInfo) -> Any:
+    """The twin's field for ``info``: ``None`` by default, read under the same aliases."""
+    return Field(
+        None,
+        alias=info.alias,
+        validation_alias=info.validation_alias,
+        serialization_alias=info.serialization_alias,
+    )

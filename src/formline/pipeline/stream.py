@@ -122,8 +122,10 @@ class Stream:
 
     def __iter__(self) -> Iterator[Any]:
         events: queue.Queue[tuple[str, Any]] = queue.Queue()
-        worker = self._start(events.put)
+        # The reader first: its partial model may fail to build, and after _start that
+        # failure left the worker decoding, holding the engine's turn, with no one to stop it.
         reader = _PartialReader(self.request)
+        worker = self._start(events.put)
         try:
             while True:
                 kind, payload = events.get()
@@ -139,8 +141,8 @@ class Stream:
     async def __aiter__(self) -> AsyncIterator[Any]:
         loop = asyncio.get_running_loop()
         events: asyncio.Queue[tuple[str, Any]] = asyncio.Queue()
+        reader = _PartialReader(self.request)  # before the worker starts: see __iter__
         worker = self._start(lambda item: loop.call_soon_threadsafe(events.put_nowait, item))
-        reader = _PartialReader(self.request)
         try:
             while True:
                 kind, payload = await events.get()
@@ -186,11 +188,18 @@ class Stream:
 
 
 class _PartialReader:
-    """The partial values of a growing text, each yielded once it differs from the last."""
+    """The partial values of a growing text, each yielded once it differs from the last.
+
+    Raises (when built):
+        pydantic.PydanticUndefinedAnnotation: the output model's partial twin cannot be
+            built (see :func:`~formline.pipeline.partial.partial_model`).
+    """
 
     def __init__(self, request: GenerationRequest):
         self.kind = request.plan.kind
-        model = request.plan.constraint.output_model
+        # The model as the caller gave it: with numbers="tolerant" the compiled constraint
+        # is the rewritten schema, which has no model, and the partials were plain dicts.
+        model = request.given.output_model or request.plan.constraint.output_model
         self.partial_type = partial_model(model) if model is not None else None
         self.json = PartialJson()
         self.text = ""
@@ -211,13 +220,53 @@ class _PartialReader:
         value = self.json.value()
         if self.partial_type is None or value is NOTHING:
             return value
-        try:
-            return self.partial_type.model_validate(value)
-        except ValidationError:  # the string being written breaks a type: leave it out
-            complete = self.json.complete_value()
-            if complete is NOTHING:
-                return NOTHING
+        # A value the twin refuses (the string being written breaks a type, or a tolerant
+        # number still spelled out) is left out, not the whole object: each pass drops the
+        # value one error points at, so the loop ends within the value's size.
+        for _ in range(MAX_DROPPED):
             try:
-                return self.partial_type.model_validate(complete)
-            except ValidationError:
-                return NOTHING
+                return self.partial_type.model_validate(value)
+            except ValidationError as error:
+                value = _without(value, error.errors()[0]["loc"])
+                if value is NOTHING:
+                    return NOTHING
+        return NOTHING
+
+
+MAX_DROPPED = 64  # values left out of one partial before it is given up for this step
+
+
+def _without(value: Any, location: tuple[int | str, ...]) -> Any:
+    """A copy of ``value`` without what ``location`` (a validation error's) points at: the
+    deepest object member it names is removed, or a list cut before the item it names
+    (later items of a partial list are newer); ``NOTHING`` when it names no member (the
+    value as a whole is refused). The location's other parts, such as a union member's
+    name, end the walk: what was reached is removed whole."""
+    path: list[int | str] = []
+    node = value
+    for part in location:
+        if not _holds(node, part):
+            break
+        node = node[part]
+        path.append(part)
+    if not path:
+        return NOTHING
+    return _removed(value, path)
+
+
+def _holds(node: Any, part: int | str) -> bool:
+    """Whether ``part`` names a member of ``node`` (an object's key, a list's index)."""
+    if isinstance(node, dict):
+        return isinstance(part, str) and part in node
+    return isinstance(node, list) and isinstance(part, int) and 0 <= part < len(node)
+
+
+def _removed(value: Any, path: list[int | str]) -> Any:
+    head, *rest = path
+    if rest:
+        copied = dict(value) if isinstance(value, dict) else list(value)
+        copied[head] = _removed(value[head], rest)  # type: ignore[index]
+        return copied
+    if isinstance(value, dict):
+        return {key: item for key, item in value.items() if key != head}
+    return value[: int(head)]

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import argparse
+import math
 import os
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -42,7 +44,26 @@ def run_trace(arguments: argparse.Namespace) -> int:
     path = write_trace_html(trace, arguments.out)
     steps = trace["constrained"]["steps"]
     print(f"{path}: {len(steps)} constrained steps, {arguments.free_samples} samples per mode")
+    if trace["field_orders_note"]:
+        print(f"field order comparison skipped: {trace['field_orders_note']}", file=sys.stderr)
     return 0
+
+
+def finite_temperature(text: str) -> float:
+    """An argparse type for ``--temperature``: a finite float, 0 or more (``nan`` and
+    ``inf`` passed ``at_least`` and the page's JSON, written without NaN, then failed after
+    the whole recording).
+
+    Raises:
+        argparse.ArgumentTypeError: the value is not finite (argparse: a usage error).
+    """
+    value: float = at_least(0.0, float)(text)
+    if not math.isfinite(value):
+        raise argparse.ArgumentTypeError(f"must be a finite number, got {text}")
+    return value
+
+
+finite_temperature.__name__ = "float"  # argparse names the type in its "invalid ..." message
 
 
 def register(commands: Any) -> None:
@@ -54,7 +75,7 @@ def register(commands: Any) -> None:
         "--free-samples", type=at_least(1, int), default=8, help="samples per mode (N)"
     )
     trace.add_argument(
-        "--temperature", type=at_least(0.0, float), default=0.8, help="sampling temperature T"
+        "--temperature", type=finite_temperature, default=0.8, help="sampling temperature T"
     )
     trace.add_argument("--max-tokens", type=at_least(1, int), default=96)
     trace.add_argument("--seed", type=int, default=0)

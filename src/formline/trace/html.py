@@ -30,15 +30,19 @@ def render_trace_html(trace: dict[str, Any]) -> str:
 
 
 def write_trace_html(trace: dict[str, Any], path: str | Path) -> Path:
-    """Write the page for ``trace`` to ``path`` and return the path: whole or not at all (a
+    """Write the page for ``trace`` to ``path`` and return ``path``: whole or not at all (a
     temporary file beside it, renamed), so a failed write leaves an earlier page as it was.
+    A symbolic link is followed: the file it names gets the page, the link stays.
 
     Raises:
         OSError: the folder cannot be written.
     """
-    target = Path(path)
+    # Resolved once, for both the temporary file and the rename: a symbolic link's folder
+    # may be on another device (os.replace failed) and the link itself was replaced by the
+    # page while the file it named kept the old one.
+    target = Path(path).resolve()
     page = render_trace_html(trace)
-    handle, partial = tempfile.mkstemp(prefix=f".{target.name}.", dir=target.resolve().parent)
+    handle, partial = tempfile.mkstemp(prefix=f".{target.name}.", dir=target.parent)
     try:
         with os.fdopen(handle, "w", encoding="utf-8") as sink:
             sink.write(page)
@@ -47,4 +51,4 @@ def write_trace_html(trace: dict[str, Any], path: str | Path) -> Path:
     finally:
         if os.path.exists(partial):
             os.unlink(partial)  # a failed write leaves nothing behind
-    return target
+    return Path(path)

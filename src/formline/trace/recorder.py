@@ -18,7 +18,7 @@ from __future__ import annotations
 import json
 import time
 from functools import partial
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 from tqdm import tqdm
@@ -26,12 +26,13 @@ from tqdm import tqdm
 from formline.backends.base import Backend, load_backend
 from formline.constraint import schema_description
 from formline.evaluation.variants import is_evidence_field, reorder_properties
+from formline.grammar import GrammarError
 from formline.mask.matcher import GrammarMatcher
 from formline.pipeline.decoding import Sampling, decode
-from formline.pipeline.generate import generate
+from formline.pipeline.generate import Shaping, generate
 from formline.pipeline.listeners import StepListener
 from formline.pipeline.pressure import DEFAULT_THRESHOLD, field_pressure
-from formline.schema import compile_schema
+from formline.schema import SchemaError, compile_schema
 
 TOP_K = 5
 EXAMPLES = 8  # allowed tokens of 2+ bytes shown per step, with their byte walks
@@ -73,10 +74,19 @@ def record_trace(
 
     Costs 3 x ``free_samples`` sampled generations, one recorded greedy generation (one
     forward pass per token) and, with ``field_orders``, two more greedy generations (on
-    two cores and the embedded model, about a minute with the defaults).
+    two cores and the embedded model, about a minute with the defaults). A field order
+    variant that does not compile (the added ``evidence`` field under ``maxProperties``
+    or ``propertyNames``) skips the comparison: ``field_orders`` is ``None`` and
+    ``field_orders_note`` says why.
+
+    Raises:
+        SchemaError, GrammarError: ``schema`` itself does not compile (before any run).
     """
     vocabulary = backend.vocabulary
     compiled = compile_schema(schema, vocabulary)
+    # The order variants compile now, not after the minutes of recording: the added field
+    # can make a schema unsatisfiable, and that failure lost the whole recording.
+    orders = _order_variants(schema, vocabulary) if field_orders else None
     described = f"{prompt}\n\n{schema_description(schema)}"
     total = 3 * free_samples + 1 + (2 if field_orders else 0)
     bar = tqdm(total=total, disable=not progress, unit="run", desc="trace")
@@ -106,9 +116,10 @@ def record_trace(
         "failure_reasons": list(FAILURE_REASONS),
         "constrained": steps_run,
         "pressure_threshold": DEFAULT_THRESHOLD,
-        "field_orders": _field_orders(backend, prompt, schema, max_tokens, bar)
-        if field_orders
+        "field_orders": _field_orders(backend, prompt, orders, max_tokens, bar)
+        if orders is not None
         else None,
+        "field_orders_note": orders.note if orders is not None else None,
     }
     bar.close()
     return trace
@@ -158,7 +169,9 @@ def classify(text: str, finish: str, check: Any) -> tuple[str | None, bool]:
     stripped = text.strip()
     try:
         instance = json.loads(stripped)
-    except json.JSONDecodeError:
+    # ValueError holds JSONDecodeError and an integer past Python's digit limit; a reply of
+    # thousands of nested brackets runs out of recursion. Each is a reply that failed.
+    except (ValueError, RecursionError):
         if stripped and stripped[0] not in "{[" and ("{" in stripped or "[" in stripped):
             return "text before the JSON", False
         if finish == "length" or not stripped:
@@ -372,17 +385,24 @@ def _pressure_row(entry: Any) -> dict[str, Any]:
     }
 
 
-def _field_orders(
-    backend: Backend, prompt: str, schema: dict[str, Any], max_tokens: int, bar: tqdm
-) -> dict[str, Any] | None:
-    """The same request, greedy, evidence-first and answer-first: the schema's free-text
-    fields (:func:`~formline.evaluation.variants.is_evidence_field`) before, then after, the
-    answers; an ``evidence`` field is added to an object schema that has none. ``None`` when
-    the schema is not an object with properties."""
+class OrderVariants(NamedTuple):
+    """The field order comparison's schemas, compiled once before any recording."""
+
+    variants: list[tuple[str, dict[str, Any]]]  # (label, schema): evidence-first, answer-first
+    added: str | None  # the name of the added evidence field, if one was added
+    note: str | None  # why there is no comparison (then ``variants`` is empty)
+
+
+def _order_variants(schema: dict[str, Any], vocabulary: Any) -> OrderVariants:
+    """The same schema evidence-first and answer-first: its free-text fields
+    (:func:`~formline.evaluation.variants.is_evidence_field`) before, then after, the
+    answers; an ``evidence`` field is added to an object schema that has none. Each variant
+    is compiled as :func:`~formline.pipeline.generate.generate` compiles it (cached, so the
+    runs do not compile again); one that does not compile leaves no variants and a note.
+    Costs two compiles."""
     properties = schema.get("properties") if isinstance(schema, dict) else None
     if not isinstance(properties, dict) or not properties:
-        bar.update(2)
-        return None
+        return OrderVariants([], None, "needs an object schema with properties")
     added = None
     if not any(is_evidence_field(name, sub) for name, sub in properties.items()):
         # A name the schema does not use: its own non-text "evidence" was replaced.
@@ -393,9 +413,28 @@ def _field_orders(
         )
         schema = {**schema, "properties": {**properties, added: EVIDENCE_FIELD}}
         schema["required"] = [*schema.get("required", []), added]
-    rows = []
+    variants = []
     for label, evidence_first in (("evidence-first", True), ("answer-first", False)):
         variant = reorder_properties(schema, evidence_first=evidence_first)
+        try:
+            Shaping().constraint(variant)[0].compile(vocabulary)
+        except (SchemaError, GrammarError) as error:
+            reason = f'with the added "{added}" field ' if added else ""
+            return OrderVariants([], added, f"the {label} schema {reason}does not compile: {error}")
+        variants.append((label, variant))
+    return OrderVariants(variants, added, None)
+
+
+def _field_orders(
+    backend: Backend, prompt: str, orders: OrderVariants, max_tokens: int, bar: tqdm
+) -> dict[str, Any] | None:
+    """The same request, greedy, under each of ``orders``' variants (see
+    :func:`_order_variants`); ``None`` when there are none."""
+    if not orders.variants:
+        bar.update(2)
+        return None
+    rows = []
+    for label, variant in orders.variants:
         result = generate(prompt, variant, backend, temperature=0.0, max_tokens=max_tokens)
         rows.append(
             {
@@ -413,4 +452,4 @@ def _field_orders(
             }
         )
         bar.update()
-    return {"rows": rows, "added_field": added}
+    return {"rows": rows, "added_field": orders.added}
