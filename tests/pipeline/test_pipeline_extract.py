@@ -31,6 +31,7 @@ from formline.pipeline.extract import (
     ExtractionFailed,
     Failed,
     extract,
+    repair_messages,
 )
 from formline.pipeline.generate import without_rationale
 from formline.pipeline.pressure import field_pressure
@@ -410,3 +411,11 @@ def test_extraction_copies_the_values_from_the_text_by_default(llama_backend: An
     assert result.value == Lifespan(name="Ada Lovelace", age=36)
     free = formline.extract(sentence, Lifespan, llama_backend, temperature=0, verbatim=False)
     assert isinstance(free, Extraction) and free.value.name in sentence
+
+
+def test_a_long_error_in_the_feedback_keeps_what_failed_and_where() -> None:
+    # Cut at its end, a 276-character error reached the model as the quoted value alone.
+    error = f"{'x' * 250!r} is too long (at /summary)"
+    feedback = repair_messages("Extract.", "{}", [error])[-1]["content"]
+    listed = feedback.splitlines()[1]
+    assert listed.endswith("is too long (at /summary)") and len(listed) <= 2 + 200

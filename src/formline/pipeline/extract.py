@@ -238,10 +238,20 @@ def extract(
     return _failed(ATTEMPTS_EXHAUSTED, loop)
 
 
+def _shortened(error: str) -> str:
+    """``error`` in at most :data:`MAX_ERROR_CHARACTERS`, cut in the middle: its end names
+    what failed and where ("... is too long (at /summary)"), and a cut at the end sent the
+    model the quoted value alone."""
+    if len(error) <= MAX_ERROR_CHARACTERS:
+        return error
+    tail = MAX_ERROR_CHARACTERS // 3
+    return f"{error[: MAX_ERROR_CHARACTERS - tail - 5]} ... {error[-tail:]}"
+
+
 def repair_messages(first_turn: str, answer: str, errors: list[str]) -> list[dict[str, str]]:
     """The chat for a retry: the original request, the rejected answer as the assistant
     turn, and a user turn listing (at most ``MAX_FEEDBACK_ERRORS``) errors."""
-    listed = [f"- {error[:MAX_ERROR_CHARACTERS]}" for error in errors[:MAX_FEEDBACK_ERRORS]]
+    listed = [f"- {_shortened(error)}" for error in errors[:MAX_FEEDBACK_ERRORS]]
     if len(errors) > MAX_FEEDBACK_ERRORS:
         listed.append(f"- and {len(errors) - MAX_FEEDBACK_ERRORS} more")
     feedback = (
