@@ -67,16 +67,20 @@ def test_without_jump_forward_every_token_is_sampled(llama_backend: Any) -> None
     assert len(result.step_pressure) == result.completion_tokens == result.forward_passes
 
 
+# A list of names, and a model that repeats one name until something closes the list.
+NAMES = {
+    "type": "object",
+    "properties": {"names": {"type": "array", "items": {"type": "string"}}},
+    "required": ["names"],
+    "additionalProperties": False,
+}
+LOOPING = '{"names":[' + '"Ada",' * 200
+
+
 def test_a_looping_model_is_closed_within_the_budget(llama_backend: Any) -> None:
-    schema = {
-        "type": "object",
-        "properties": {"names": {"type": "array", "items": {"type": "string"}}},
-    }
-    schema |= {"required": ["names"], "additionalProperties": False}
-    plan = Constraint.of(schema).compile(llama_backend.vocabulary)
-    looping = '{"names":[' + '"Ada",' * 200
+    plan = Constraint.of(NAMES).compile(llama_backend.vocabulary)
     result = decode(
-        ScriptedEngine(llama_backend, looping), PROMPT, plan.matcher(), Sampling(max_tokens=40)
+        ScriptedEngine(llama_backend, LOOPING), PROMPT, plan.matcher(), Sampling(max_tokens=40)
     )
     assert result.finish_reason == "stop" and result.closing_tokens > 0
     assert result.completion_tokens <= 40
@@ -86,17 +90,9 @@ def test_a_looping_model_is_closed_within_the_budget(llama_backend: Any) -> None
 def test_a_context_that_ends_before_max_tokens_is_closed_within_it(llama_backend: Any) -> None:
     # The closing counted tokens left from max_tokens alone: a context that ended first cut
     # the value off mid-string, unclosed ({"names":["Ada","Ada","A), "length".
-    schema = {
-        "type": "object",
-        "properties": {"names": {"type": "array", "items": {"type": "string"}}},
-        "required": ["names"],
-        "additionalProperties": False,
-    }
-    plan = Constraint.of(schema).compile(llama_backend.vocabulary)
+    plan = Constraint.of(NAMES).compile(llama_backend.vocabulary)
     prompt_tokens = len(llama_backend.tokenize_prompt(PROMPT))
-    engine = ScriptedEngine(
-        llama_backend, '{"names":[' + '"Ada",' * 200, context_size=prompt_tokens + 40
-    )
+    engine = ScriptedEngine(llama_backend, LOOPING, context_size=prompt_tokens + 40)
     result = decode(engine, PROMPT, plan.matcher(), Sampling(max_tokens=500))
     assert result.finish_reason == "stop" and result.closing_tokens > 0
     assert result.prompt_tokens + result.completion_tokens <= prompt_tokens + 40
@@ -116,15 +112,8 @@ def test_an_answer_that_fits_the_budget_is_the_models_own(llama_backend: Any, sp
 
 
 def test_a_closed_value_is_reported_as_cut_off_by_generate(llama_backend: Any) -> None:
-    schema = {
-        "type": "object",
-        "properties": {"names": {"type": "array", "items": {"type": "string"}}},
-        "required": ["names"],
-        "additionalProperties": False,
-    }
-    looping = '{"names":[' + '"Ada",' * 200
     result = generate(
-        "Who?", schema, ScriptedEngine(llama_backend, looping), max_tokens=40, describe_schema=False
+        "Who?", NAMES, ScriptedEngine(llama_backend, LOOPING), max_tokens=40, describe_schema=False
     )
     assert result.usage["closing_tokens"] > 0 and result.finish_reason == "length"
     assert result.data == json.loads(result.text) and result.errors == []
