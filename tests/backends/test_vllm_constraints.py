@@ -64,6 +64,9 @@ def test_each_kind_constrains_the_whole_output(
         ({"formline_regx": "a"}, "formline_regx is not a formline key"),
         ({"formline_whitespace": 2}, "needs one of"),
         ({"formline_json_schema": "{not json"}, "not valid JSON"),
+        # json.loads recurses per level: a RecursionError was vLLM's 500, with no message.
+        ({"formline_json_schema": "[" * 100_000 + "]" * 100_000}, "formline_json_schema is JSON"),
+        ({"formline_choice": '{"a":' * 5000 + "1" + "}" * 5000}, "formline_choice is JSON nested"),
         ({"formline_json_schema": "[1]"}, "must be a JSON Schema"),
         ({"formline_choice": []}, "non-empty list of strings"),
         ({"formline_regex": ""}, "non-empty string"),

@@ -1,7 +1,9 @@
 """FormlineLogitsProcessor against vLLM's own interfaces (``BatchUpdate``,
 ``MoveDirectionality``, ``SamplingParams``), driven step by step as vLLM's model runner
 drives it, with the real SmolLM2 tokenizer: rows follow the batch, unconstrained rows are
-untouched, placeholders wait, a refused token closes its row, ``max_tokens`` closes a value."""
+untouched, placeholders wait, a refused token closes its row, ``max_tokens`` and
+``max_model_len`` close a value, a shortened output is accepted again, and a tokenizer
+formline cannot read fails the processor's construction (vLLM's startup)."""
 
 from __future__ import annotations
 
@@ -14,6 +16,8 @@ from typing import Any
 import numpy as np
 import pytest
 import torch
+from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+from transformers import PreTrainedTokenizerFast
 from vllm import SamplingParams
 from vllm.v1.sample.logits_processor import BatchUpdate, MoveDirectionality
 
@@ -23,24 +27,33 @@ from formline.backends.vllm.constraints import compiled_for, read_constraint
 from formline.grammar.budget import CompileBudget
 from formline.mask.bitmask import allocate_token_bitmask, bitmask_to_ids
 from formline.mask.matcher import GrammarMatcher
+from formline.vocab import VocabularyError
 
 VOCABULARY_SIZE = 49152
+MAX_MODEL_LEN = 2048
 COLOURS = vllm_xargs(choice=["red", "green", "blue"])
 DIGITS = vllm_xargs(regex="[0-9]{3}")
 
 
-@pytest.fixture
-def processor(model_directory: Path) -> FormlineLogitsProcessor:
+def make_processor(tokenizer: Path, vocabulary_size: int) -> FormlineLogitsProcessor:
+    """A processor built as vLLM's model runner builds it, from the parts of vLLM's config
+    it reads."""
     model_config = SimpleNamespace(
-        tokenizer=str(model_directory),
+        tokenizer=str(tokenizer),
         tokenizer_revision=None,
         trust_remote_code=False,
-        get_vocab_size=lambda: VOCABULARY_SIZE,
+        get_vocab_size=lambda: vocabulary_size,
+        max_model_len=MAX_MODEL_LEN,
     )
     config = SimpleNamespace(
         model_config=model_config, scheduler_config=SimpleNamespace(max_num_seqs=8)
     )
     return FormlineLogitsProcessor(config, torch.device("cpu"), False)  # type: ignore[arg-type]
+
+
+@pytest.fixture
+def processor(model_directory: Path) -> FormlineLogitsProcessor:
+    return make_processor(model_directory, VOCABULARY_SIZE)
 
 
 def added(index: int, extra: dict[str, Any] | None, output: list[int], **options: Any) -> Any:
@@ -67,7 +80,6 @@ def finite_ids(row: torch.Tensor) -> list[int]:
 
 
 def token_of(processor: FormlineLogitsProcessor, text: str) -> int:
-    assert processor.vocabulary is not None  # loads the tokenizer with it
     ids = processor._tokenizer.encode(text, add_special_tokens=False)
     assert len(ids) == 1, (text, ids)
     return int(ids[0])
@@ -260,3 +272,123 @@ def test_a_compile_that_fails_in_the_engine_ends_its_request_on_its_stop_token(
     processor.apply(logits)
     assert finite_ids(logits[0]) == [2]  # vLLM stops this request on 2, not on 0
     assert "past its time limit" in caplog.text and processor.rows[0].closed
+
+
+def text_of(processor: FormlineLogitsProcessor, tokens: list[int]) -> str:
+    return b"".join(processor.vocabulary.token_bytes[token] for token in tokens).decode()
+
+
+def greedy(
+    processor: FormlineLogitsProcessor, output: list[int], preferred: dict[int, float]
+) -> int:
+    """One step of a one-row batch whose model prefers ``preferred`` (token: logit): the
+    token the masked logits' argmax picks, appended to ``output`` as vLLM appends it."""
+    logits = torch.zeros(1, VOCABULARY_SIZE)
+    for token, value in preferred.items():
+        logits[0, token] = value
+    processor.apply(logits)
+    token = int(torch.argmax(logits[0]))
+    output.append(token)
+    return token
+
+
+def test_a_tokenizer_formline_cannot_read_fails_at_construction(tmp_path: Path) -> None:
+    # Built lazily at the first constrained request, the vocabulary's error escaped vLLM's
+    # engine step: every request in the batch failed, and again at each such request.
+    pieces = ["[PAD]", "[UNK]", "[SEP]", "a", "b", "##a", "1", "2", "{", "}"]
+    wordpiece = Tokenizer(
+        models.WordPiece({piece: index for index, piece in enumerate(pieces)}, unk_token="[UNK]")
+    )
+    wordpiece.pre_tokenizer = pre_tokenizers.Whitespace()
+    wordpiece.decoder = decoders.WordPiece()
+    PreTrainedTokenizerFast(
+        tokenizer_object=wordpiece, unk_token="[UNK]", eos_token="[SEP]", pad_token="[PAD]"
+    ).save_pretrained(tmp_path)
+    with pytest.raises(VocabularyError, match=r"cannot read the tokenizer of .*WordPiece"):
+        make_processor(tmp_path, 16)
+
+
+def test_max_model_len_closes_a_value_before_vllm_cuts_it(
+    processor: FormlineLogitsProcessor,
+) -> None:
+    # vLLM ends a request when its prompt and output reach max_model_len, whatever its
+    # max_tokens (the offline LLM leaves a larger max_tokens as it is): 16 tokens here.
+    schema = {"type": "array", "items": {"type": "string", "maxLength": 3}}
+    prompt, output = [1] * (MAX_MODEL_LEN - 16), []
+    params = SamplingParams(extra_args=vllm_xargs(json_schema=schema), max_tokens=1000)
+    processor.update_state(update(1, add=[(0, params, prompt, output)]))
+    looping, letters = token_of(processor, '","'), token_of(processor, "ab")
+    while len(prompt) + len(output) < MAX_MODEL_LEN:
+        if greedy(processor, output, {looping: 10.0, letters: 5.0}) in processor.vocabulary.eos_ids:
+            output.pop()
+            break
+    assert isinstance(json.loads(text_of(processor, output)), list)
+
+
+def test_a_closing_that_holds_a_stop_token_is_not_forced(
+    processor: FormlineLogitsProcessor,
+) -> None:
+    # The closing of "1" is ".0", and '.' is a stop token: forced, vLLM would stop on it,
+    # mid-value, and answer "stop". Unforced, no stop token is allowed inside the value.
+    point = token_of(processor, ".")
+    number = vllm_xargs(regex=r"[0-9]+\.[0-9]+")
+    output = [token_of(processor, "1")]
+    options = {"stop_token_ids": [point, 2], "max_tokens": 4}
+    processor.update_state(update(1, add=[added(0, number, output, **options)]))
+    logits = torch.zeros(1, VOCABULARY_SIZE)
+    processor.apply(logits)
+    allowed = finite_ids(logits[0])
+    assert allowed and point not in allowed and not processor.rows[0].forced
+    assert set(allowed) == set(allowed_ids(number, "1", processor)) - {point}
+
+
+@pytest.mark.parametrize(
+    "extra",
+    [vllm_xargs(json_schema={"type": "number"}), vllm_xargs(regex=r"[0-9]+(\.[0-9]+)?")],
+)
+def test_with_one_token_left_a_value_that_may_end_ends(
+    processor: FormlineLogitsProcessor, extra: dict[str, Any]
+) -> None:
+    # The model wants "111." in 4 tokens: its '.' would be vLLM's last token, leaving a
+    # number that cannot end, answered "length".
+    one, point = token_of(processor, "1"), token_of(processor, ".")
+    output: list[int] = []
+    options = {"stop_token_ids": [2], "max_tokens": 4}
+    processor.update_state(update(1, add=[added(0, extra, output, **options)]))
+    for preferred in (one, one, one, point):
+        if greedy(processor, output, {preferred: 10.0}) == 2:
+            break
+    assert output == [one, one, one, 2]
+
+
+def test_a_shortened_output_is_accepted_again_from_its_start(
+    processor: FormlineLogitsProcessor, caplog: pytest.LogCaptureFixture
+) -> None:
+    # vLLM's V1 runner shortens a request's output_token_ids in place, with no batch update,
+    # when it discards tokens (a failed KV load): position 0 is sampled again.
+    pair = vllm_xargs(regex="[0-9][a-z]")
+    output = [token_of(processor, "1")]
+    processor.update_state(update(1, add=[added(0, pair, output, max_tokens=50)]))
+    processor.apply(torch.zeros(1, VOCABULARY_SIZE))  # accepts "1"
+    del output[:]
+    logits = torch.zeros(1, VOCABULARY_SIZE)
+    with caplog.at_level(logging.WARNING, logger="formline.vllm"):
+        processor.apply(logits)
+    assert finite_ids(logits[0]) == allowed_ids(pair, "", processor)
+    assert "shortened" in caplog.text
+    output.append(token_of(processor, "2"))
+    logits = torch.zeros(1, VOCABULARY_SIZE)
+    processor.apply(logits)
+    assert finite_ids(logits[0]) == allowed_ids(pair, "2", processor)
+
+
+def test_validate_params_refuses_token_filters_that_can_empty_the_mask() -> None:
+    # vLLM removes these tokens before formline's mask: where the grammar allows only
+    # removed ones, nothing is left, and vLLM samples one anyway (a broken value, "stop").
+    for options, message in (
+        ({"bad_words": ["1"]}, "bad_words"),
+        ({"allowed_token_ids": [5]}, "allowed_token_ids"),
+    ):
+        with pytest.raises(ValueError, match=message):
+            FormlineLogitsProcessor.validate_params(SamplingParams(extra_args=DIGITS, **options))
+        FormlineLogitsProcessor.validate_params(SamplingParams(**options))  # unconstrained

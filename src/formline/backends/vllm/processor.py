@@ -1,18 +1,28 @@
 """The vLLM (v1) logits processor: formline's masks for a whole persistent batch.
 
-vLLM builds one :class:`FormlineLogitsProcessor` per engine process (the one that samples:
-with tensor or pipeline parallelism, the driver worker that holds the final logits). It
-follows the batch through :meth:`update_state` (requests added, removed, moved between
+It needs vLLM's V1 model runner (``VLLM_USE_V2_MODEL_RUNNER=0`` where vLLM 0.32 picks V2, on
+builds with a working Triton: V2 loads logits processors against another base class and
+refuses this one at startup; docs/vllm.md). vLLM builds one :class:`FormlineLogitsProcessor`
+in each worker's model runner (every tensor-parallel rank, every pipeline stage; the ranks of
+the last stage sample, each from the same gathered logits), and the processor reads the
+model's tokenizer there, at startup: a tokenizer formline cannot read stops vLLM's start
+instead of every request's step.
+
+It follows the batch through :meth:`update_state` (requests added, removed, moved between
 rows) and keeps one :class:`~formline.mask.GrammarMatcher` per constrained row. At each
 step :meth:`apply` lets every matcher accept the tokens its request gained since the last
 step (the request's own ``output_token_ids`` list, which vLLM updates in place; with async
-scheduling its placeholders ``-1`` are real ids by the time ``apply`` runs), fills that
-row of one ``(max_num_seqs, words)`` int32 bitmask, and masks the constrained rows in
-place. Unconstrained rows are not touched.
+scheduling its placeholders ``-1`` are real ids by the time ``apply`` runs; a list vLLM
+shortened, discarding tokens, is accepted again from its start), fills that row of one
+``(max_num_seqs, words)`` int32 bitmask, and masks the constrained rows in place.
+Unconstrained rows are not touched.
 
 As formline's own backends do, a row whose grammar's shortest completion only just fits in
-the tokens its ``max_tokens`` leaves is closed on time: the completion's tokens are forced,
-one per step (a small model looping on array items still ends with a complete value).
+the tokens its budget leaves is closed on time: the completion's tokens are forced, one per
+step (a small model looping on array items still ends with a complete value). The budget is
+what vLLM allows: ``max_tokens``, and ``max_model_len`` less the prompt. With one token left
+a row whose value may end is allowed only its end tokens. A closing that holds one of the
+request's stop tokens is not forced (vLLM would stop on that token, mid-value).
 
 A matcher that refuses a sampled token (another processor raised a masked logit, which
 vLLM's built-in processors never do after this one) is logged and its row is closed: only
@@ -49,7 +59,7 @@ from formline.mask.bitmask import (
     ids_to_bitmask,
 )
 from formline.mask.matcher import GrammarMatcher
-from formline.vocab import Vocabulary
+from formline.vocab import Vocabulary, VocabularyError
 
 if TYPE_CHECKING:
     from vllm.config import VllmConfig
@@ -70,7 +80,7 @@ class _Row:
     matcher: GrammarMatcher | None  # None: the constraint did not compile here (closed)
     output: list[int]  # vLLM's running output_token_ids (a reference, updated in place)
     ends: np.ndarray  # the int32 words a closed row allows: its stop tokens, or the end ones
-    max_tokens: int | None = None
+    budget: int | None = None  # the output tokens vLLM allows it (None: unknown)
     accepted: int = 0  # how many of them the matcher has accepted
     closed: bool = False  # a refused token or a limit: only end-of-sequence is allowed now
     forced: list[int] = field(default_factory=list)  # the closing tokens still to write
@@ -80,13 +90,24 @@ class _Row:
     not_stop_words: np.ndarray | None = None  # ~ stop_words (made once, not per step)
 
     @property
+    def remaining(self) -> int | None:
+        """The tokens vLLM still lets this request write (``None``: no budget known)."""
+        return None if self.budget is None else self.budget - self.accepted
+
+    @property
     def live(self) -> GrammarMatcher:
         """The matcher of a row whose constraint compiled (every row not closed at its start)."""
         assert self.matcher is not None
         return self.matcher
 
     def catch_up(self) -> None:
-        """Accept the tokens gained since the last step (up to a ``-1`` placeholder)."""
+        """Accept the tokens gained since the last step (up to a ``-1`` placeholder).
+
+        Raises:
+            FormlineError: a grammar limit met while accepting (the caller closes the row).
+        """
+        if len(self.output) < self.accepted and self.matcher is not None:
+            self.restart()
         while self.accepted < len(self.output) and not self.closed:
             token = self.output[self.accepted]
             if token < 0:
@@ -106,6 +127,24 @@ class _Row:
             self.accepted += 1
             if self.forced:
                 self.forced = self.forced[1:] if token == self.forced[0] else []
+
+    def restart(self) -> None:
+        """Start the matcher again, to accept the output from its first token: vLLM's V1
+        runner shortens a request's ``output_token_ids`` in place, with no batch update, when
+        it discards tokens (a failed KV load, async speculative decoding's optimistic ones),
+        and a matcher that kept them would mask the next position after tokens that are gone.
+        A row closed by a refused token opens again: that token may be one of those gone
+        (met again, it closes the row again)."""
+        log.warning(
+            "vLLM shortened a constrained request's output from %d to %d tokens; formline "
+            "accepts it again from its start",
+            self.accepted,
+            len(self.output),
+        )
+        self.live.reset()
+        self.accepted = 0
+        self.closed = False
+        self.forced = []
 
     def close(self, error: Exception) -> None:
         """End the request (only its end tokens allowed from now): a grammar limit met while
@@ -136,13 +175,31 @@ class _Row:
             self.close(ValueError("stop_token_ids hold every token the grammar allows"))
             words[:] = self.ends
 
+    def must_end_now(self) -> bool:
+        """Whether only the end tokens may come next: the value may end and one token is
+        left. Any other token would be vLLM's last, and most (a number's ``.``) leave a value
+        that cannot end ("111." answered "length")."""
+        remaining = self.remaining
+        return remaining is not None and remaining <= 1 and self.live.can_end()
+
     def plan_closing(self, tokenize: Callable[[bytes], list[int]]) -> bool:
         """Whether the closing tokens must start now (then they are in :attr:`forced`,
-        accepted as vLLM samples them, one per step)."""
-        if self.max_tokens is None or self.live.is_terminated():
+        accepted as vLLM samples them, one per step).
+
+        Raises:
+            FormlineError: a grammar limit met by the closing's search.
+        """
+        remaining = self.remaining
+        if remaining is None or self.live.is_terminated():
             return False
-        self.forced = self.live.closing_tokens(self.max_tokens - self.accepted, tokenize)
-        return bool(self.forced)
+        forced = self.live.closing_tokens(remaining, tokenize)
+        if self.stop_ids.intersection(forced):
+            # vLLM would end the request on that token, mid-value, and answer "stop". Not
+            # forced, the row goes on under its mask (which holds no stop token inside the
+            # value) and ends at its budget, answered "length", as it is.
+            forced = []
+        self.forced = forced
+        return bool(forced)
 
 
 class FormlineLogitsProcessor(LogitsProcessor):
@@ -150,15 +207,26 @@ class FormlineLogitsProcessor(LogitsProcessor):
     :mod:`formline.backends.vllm.constraints` for the ``vllm_xargs`` keys).
 
     Raises (from :meth:`validate_params`, in vLLM's API process):
-        ValueError: the request's constraint is malformed or does not compile; vLLM turns
-            it into a 400 naming the key.
-    Costs: the vocabulary is built at the first constrained request (about 0.1 s for 49k
-    tokens, 0.15 s for 151k); per step, one accept and one cached mask lookup per
-    constrained row plus one vectorised apply over those rows.
+        ValueError: the request's constraint is malformed or does not compile, or it comes
+            with a sampling parameter that would cut or empty its mask; vLLM turns it into a
+            400 naming the key or the parameter.
+    Raises (from the constructor, at vLLM's startup):
+        VocabularyError: a tokenizer formline cannot read.
+    Costs: the vocabulary is built at construction (about 0.1 s for 49k tokens, 0.15 s for
+    151k); per step, one accept and one cached mask lookup per constrained row plus one
+    vectorised apply over those rows.
     """
 
     @classmethod
     def validate_params(cls, sampling_params: SamplingParams) -> None:
+        """Check a request's constraint and its other sampling parameters (vLLM's API
+        process, before the request is queued).
+
+        Raises:
+            ValueError: a malformed or non-compiling constraint, or a constraint with
+                ``stop``, ``min_tokens``, ``bad_words`` or ``allowed_token_ids``.
+        Costs milliseconds for most constraints; seconds for a hostile schema (docs/vllm.md).
+        """
         constraint = read_constraint(sampling_params.extra_args)
         if constraint is None:
             return
@@ -176,18 +244,46 @@ class FormlineLogitsProcessor(LogitsProcessor):
                 "min_tokens cannot be used with a formline constraint: where the grammar "
                 "allows only the end, it would leave no token to sample"
             )
+        # vLLM removes these tokens before formline's mask: where the grammar allows only
+        # removed ones, no token is left, and vLLM samples one anyway (an invalid value it
+        # reports as complete).
+        if sampling_params.bad_words:
+            raise ValueError(
+                "bad_words cannot be used with a formline constraint: where the grammar "
+                "allows only those words' tokens, no token would be left to sample"
+            )
+        if sampling_params.allowed_token_ids:
+            raise ValueError(
+                "allowed_token_ids cannot be used with a formline constraint: where the "
+                "grammar allows none of them, no token would be left to sample (the grammar "
+                "chooses the tokens)"
+            )
         grammar_for(constraint)
 
     def __init__(self, vllm_config: VllmConfig, device: torch.device, is_pin_memory: bool):
+        """Read the model's tokenizer into a formline vocabulary (vLLM builds the processor
+        at startup, in each worker).
+
+        Raises:
+            VocabularyError: a tokenizer formline cannot read (neither byte-level BPE nor
+                SentencePiece) or one larger than the model's logits. Raised here, vLLM does
+                not start; met at the first constrained request, it stopped vLLM's engine
+                step, and every request in it, at each such request.
+        """
         self.model_config = vllm_config.model_config
         self.device = device
         self.max_rows = int(vllm_config.scheduler_config.max_num_seqs)
+        # vLLM ends a request when its prompt and output reach this (FINISHED_LENGTH_CAPPED),
+        # whatever its max_tokens: the closing's budget.
+        self.max_model_len = int(self.model_config.max_model_len)
         self.rows: dict[int, _Row] = {}
-        self._vocabulary: Vocabulary | None = None
-        self._tokenizer: Any = None
         self._spellings: dict[bytes, tuple[int, ...]] = {}
-        self._bitmask: np.ndarray | None = None
-        self._end_words: np.ndarray | None = None  # the tokenizer's end tokens, as a row
+        size = int(self.model_config.get_vocab_size())  # the logits' width
+        self.vocabulary, self._tokenizer = self._read_vocabulary(size)
+        self._bitmask = allocate_token_bitmask(self.max_rows, size)
+        eos = np.array(sorted(self.vocabulary.eos_ids))
+        # The tokenizer's end tokens, as a row.
+        self._end_words = ids_to_bitmask(eos, self._bitmask.shape[1]).view(np.int32)
         # Sums for a least-squares fit of seconds = fixed + per_row * rows (the benchmark's).
         self.stats = {"steps": 0, "rows": 0, "seconds": 0.0, "rows_squared": 0, "rows_seconds": 0.0}
         self._stats_path = os.environ.get(STATS_ENV)
@@ -199,30 +295,31 @@ class FormlineLogitsProcessor(LogitsProcessor):
         """A mask changes the argmax."""
         return False
 
-    @property
-    def vocabulary(self) -> Vocabulary:
-        """The model's tokenizer as a formline vocabulary, sized to the logits (built once).
+    def _read_vocabulary(self, size: int) -> tuple[Vocabulary, Any]:
+        """The model's tokenizer as a formline vocabulary of ``size`` tokens (the logits'), and
+        the tokenizer (it spells closing texts).
 
         Raises:
-            VocabularyError: a tokenizer formline cannot read (neither byte-level BPE nor
-                SentencePiece) or one larger than the model's logits.
+            VocabularyError: as the constructor; the message names the tokenizer and says
+                what to do.
         """
-        if self._vocabulary is None:
-            from transformers import AutoTokenizer
+        from transformers import AutoTokenizer
 
-            config = self.model_config
-            tokenizer = AutoTokenizer.from_pretrained(
-                config.tokenizer,
-                revision=config.tokenizer_revision,
-                trust_remote_code=config.trust_remote_code,
-            )
-            size = int(config.get_vocab_size())
-            self._vocabulary = Vocabulary.from_huggingface(tokenizer, size)
-            self._tokenizer = tokenizer
-            self._bitmask = allocate_token_bitmask(self.max_rows, size)
-            eos = np.array(sorted(self._vocabulary.eos_ids))
-            self._end_words = ids_to_bitmask(eos, self._bitmask.shape[1]).view(np.int32)
-        return self._vocabulary
+        config = self.model_config
+        tokenizer = AutoTokenizer.from_pretrained(
+            config.tokenizer,
+            revision=config.tokenizer_revision,
+            trust_remote_code=config.trust_remote_code,
+        )
+        try:
+            vocabulary = Vocabulary.from_huggingface(tokenizer, size)
+        except VocabularyError as error:
+            raise VocabularyError(
+                f"formline's vLLM logits processor cannot read the tokenizer of "
+                f"{config.tokenizer}: {error}. Serve this model without "
+                f"--logits-processors formline.backends.vllm:FormlineLogitsProcessor"
+            ) from error
+        return vocabulary, tokenizer
 
     def update_state(self, batch_update: BatchUpdate | None) -> None:
         """Follow the batch: removed, then added, then moved rows (vLLM's order)."""
@@ -230,8 +327,8 @@ class FormlineLogitsProcessor(LogitsProcessor):
             return
         for index in batch_update.removed:
             self.rows.pop(index, None)
-        for index, params, _, output in batch_update.added:
-            row = self._new_row(params, output)
+        for index, params, prompt, output in batch_update.added:
+            row = self._new_row(params, prompt, output)
             if row is None:
                 self.rows.pop(index, None)
             else:
@@ -243,19 +340,22 @@ class FormlineLogitsProcessor(LogitsProcessor):
             if row_second is not None and direction == MoveDirectionality.SWAP:
                 self.rows[first] = row_second
 
-    def _new_row(self, params: SamplingParams, output: list[int]) -> _Row | None:
+    def _new_row(
+        self, params: SamplingParams, prompt: list[int] | None, output: list[int]
+    ) -> _Row | None:
+        """The row of a request added to the batch (``None``: it asks for no constraint).
+        A constraint that does not compile here gives a closed row: raised, it would stop
+        vLLM's engine step and every request in it."""
         constraint = read_constraint(params.extra_args)
         if constraint is None:
             return None
-        vocabulary = self.vocabulary  # made first, with the bitmask and the end tokens' row
-        assert self._bitmask is not None and self._end_words is not None
         stop_ids = frozenset(params.all_stop_token_ids or ())
         stop_words = None
         if stop_ids:
             words = ids_to_bitmask(np.array(sorted(stop_ids)), self._bitmask.shape[1])
             stop_words = words.view(np.int32)
         try:
-            compiled = compiled_for(constraint, vocabulary)
+            compiled = compiled_for(constraint, self.vocabulary)
         except ValueError as error:  # validate_params built it; here it did not (a limit)
             failed = _Row(None, output, self._end_words if stop_words is None else stop_words)
             failed.close(error)
@@ -264,10 +364,21 @@ class FormlineLogitsProcessor(LogitsProcessor):
         row = _Row(
             GrammarMatcher(compiled), output, eos_words if stop_words is None else stop_words
         )
-        row.max_tokens, row.stop_ids, row.stop_words = params.max_tokens, stop_ids, stop_words
+        row.budget = self._budget(params, prompt)
+        row.stop_ids, row.stop_words = stop_ids, stop_words
         if stop_words is not None:
             row.not_eos_words, row.not_stop_words = ~eos_words, ~stop_words
         return row
+
+    def _budget(self, params: SamplingParams, prompt: list[int] | None) -> int | None:
+        """The output tokens vLLM allows a request: its ``max_tokens``, and what
+        ``max_model_len`` leaves after its prompt (vLLM's OpenAI server caps ``max_tokens``
+        by it; the offline ``LLM`` does not, and vLLM still ends the request there). ``None``
+        when neither is known (a prompt given as embeddings, and no ``max_tokens``)."""
+        room = None if prompt is None else self.max_model_len - len(prompt)
+        if params.max_tokens is None:
+            return room
+        return params.max_tokens if room is None else min(params.max_tokens, room)
 
     def _tokenize(self, text: bytes) -> list[int]:
         known = self._spellings.get(text)
@@ -290,18 +401,22 @@ class FormlineLogitsProcessor(LogitsProcessor):
             return logits
         started = time.perf_counter()
         bitmask = self._bitmask
-        assert bitmask is not None  # allocated with the vocabulary, before any row exists
         indices = sorted(index for index in self.rows if index < logits.shape[0])
         filled: list[int] = []
         for index in indices:
             row = self.rows[index]
-            is_forced = False
+            is_forced = ends_now = False
             try:
                 row.catch_up()
-                is_forced = not row.closed and bool(row.forced or row.plan_closing(self._tokenize))
+                ends_now = not row.closed and row.must_end_now()
+                is_forced = (
+                    not row.closed
+                    and not ends_now
+                    and bool(row.forced or row.plan_closing(self._tokenize))
+                )
             except FormlineError as error:  # a state or stack limit, met by a step
                 row.close(error)
-            if row.closed:
+            if row.closed or ends_now:
                 bitmask[index] = row.ends
             elif is_forced:
                 forced = ids_to_bitmask(np.array(row.forced[:1]), bitmask.shape[1])
