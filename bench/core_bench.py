@@ -8,8 +8,12 @@ Run from the repository root::
 For every engine x vocabulary x grammar it measures one-time vocabulary preprocessing, the
 time to the first mask (compile + first fill), the per-step mask fill time and the per-token
 accept time, walking canonical tokenizations (from the real Hugging Face tokenizer of each
-vocabulary) of realistic texts. Every text is walked on a *freshly compiled* grammar with all
-in-process caches cleared, so each walk is the first (coldest) one. See bench/README.md.
+vocabulary) of realistic texts. Every text is walked on a *freshly compiled* grammar, so each
+walk is the first one on its grammar. What is cleared before each compile: formline's compiled
+grammars (``compiler.clear_cache()``), XGrammar's compile cache (off), llguidance's matcher (a new
+one). What stays, for every engine, is the per-vocabulary preparation (formline's token table, the
+peers' tokenizer info), which "vocab prep" times once, and what each library memoizes at module
+level (formline: small schema and grammar pieces and its stop-token rows). See bench/README.md.
 """
 
 from __future__ import annotations
@@ -365,8 +369,10 @@ class FormlineEngine(Engine):
         self.compiler.cache.token_table(self.vocabulary)  # vocabulary preparation
 
     def reset_caches(self, context: VocabularyContext) -> None:
-        # Compiled grammars are forgotten; the token trie (vocabulary preparation, measured
-        # in prepare) stays, as the peers keep their tokenizer info.
+        # Compiled grammars are forgotten; the token table (vocabulary preparation, measured
+        # in prepare) stays, as the peers keep their tokenizer info. The module-level
+        # functools caches (schema and grammar pieces, stop-token rows) stay too: they are
+        # the process's, as a server's would be, and clearing them needs private names.
         self.compiler.clear_cache()
 
     def translate(self, case: GrammarCase) -> Any:
@@ -848,8 +854,10 @@ def main(arguments: list[str] | None = None) -> int:
         "method": {
             "timer": "time.perf_counter_ns",
             "cold_walks": "every text is walked once per repeat on a freshly compiled grammar "
-            "with in-process caches cleared (formline: clear_memory_cache() + disk_cache=False; "
-            "xgrammar: cache_enabled=False; llguidance: a new LLMatcher)",
+            "(formline: compiler.clear_cache() forgets compiled grammars, disk_cache=False; "
+            "xgrammar: cache_enabled=False; llguidance: a new LLMatcher); kept: each engine's "
+            "per-vocabulary preparation (formline's token table, the peers' tokenizer info) and "
+            "module-level memoized pieces (formline: schema/grammar pieces, stop-token rows)",
             "compile_ms": "median time to first mask: compile + matcher creation + first fill "
             "(compile_only_ms: the compile call alone)",
             "mask": "fill_next_token_bitmask per step, the first (cold) fill included; one "

@@ -10,6 +10,11 @@ Every schema is compiled by every engine (each engine x vocabulary in its own wo
 killed and restarted when a schema runs past its time limit); every test instance, serialized
 compactly and tokenized canonically, is walked token by token with a mask before each step and
 then must (valid) or must not (invalid) be allowed to end. See bench/README.md.
+
+Statuses of an engine's result for a schema: ``compiled`` (walked), ``unsupported`` (the
+engine's documented refusal), ``timeout`` / ``walk_timeout`` (killed past the time limits),
+``limit`` / ``walk_limit`` (the engine stopped at its own compile limit: counted with the
+timeouts), ``crash`` and ``setup_error``.
 """
 
 from __future__ import annotations
@@ -89,7 +94,11 @@ class Worker:
         )
         self.process.start()
         child.close()
-        kind, payload = self.receive(SETUP_TIMEOUT_S) or ("setup_error", "setup timed out")
+        message: tuple[str, Any] = self.receive(SETUP_TIMEOUT_S) or (
+            "setup_error",
+            "setup timed out",
+        )
+        kind, payload = message
         if kind != "ready":
             self.setup_error = str(payload)
             self.stop()
@@ -190,6 +199,12 @@ def make_job(
     return {"schema": document["schema"], "instances": instances, "eos_id": eos_id}, problems
 
 
+# Statuses counted in the "timeouts" and "walk_timeouts" totals: a peer killed past the time
+# limit and formline stopping at its own limit (time, states, stacks) are the same outcome.
+TIMEOUT_STATUSES = ("timeout", "limit")
+WALK_TIMEOUT_STATUSES = ("walk_timeout", "walk_limit")
+
+
 def passing(result: dict[str, Any]) -> bool:
     return (
         result["status"] == "compiled"
@@ -213,13 +228,28 @@ def progress_cell(engine: str, result: dict[str, Any]) -> str:
     return f"{engine} {result['ttfm_ms']:.1f} ms {verdict}"
 
 
+def has_checked_after(result: dict[str, Any]) -> bool:
+    """Whether the engine's compile report leaves a keyword to its after-check (formline's
+    ``details``; also read from results written before ``checked_after_count`` existed)."""
+    details = result.get("details") or {}
+    return bool(
+        details.get("checked_after_count", len(details.get("checked_after", ())))
+        or details.get("unsupported")
+    )
+
+
 def summarize(
     rows: list[dict[str, Any]], engine: str, vocabulary: str, engines: list[str]
 ) -> dict[str, Any]:
     """Totals of one engine x vocabulary over all schemas, and its times over the schemas
     that every engine of the run walked (``common_*``: each engine's own figures cover the
-    schemas it compiled, and those an engine refuses are mostly the large ones)."""
-    results = [row["engines"][engine] for row in rows if row["vocabulary"] == vocabulary]
+    schemas it compiled, and those an engine refuses are mostly the large ones).
+
+    ``passing_with_instances`` counts over the schemas with at least one test instance
+    (``schemas_with_instances``): a schema without instances passes once it compiles."""
+    chosen = [row for row in rows if row["vocabulary"] == vocabulary]
+    results = [row["engines"][engine] for row in chosen]
+    with_instances = [row["engines"][engine] for row in chosen if row.get("instances", 1)]
     common = [
         row["engines"][engine]
         for row in rows
@@ -234,6 +264,7 @@ def summarize(
     ttfm = [result["ttfm_ms"] for result in compiled]
     masks = [value for result in walked for value in result["mask_ns"]]
     accepts = [value for result in walked for value in result["accept_ns"]]
+    first_walk_masks = [value for result in walked for value in result["first_walk_mask_ns"]]
 
     def total(name: str) -> int:
         return sum(len(result[name]) for result in walked)
@@ -247,7 +278,16 @@ def summarize(
         "schemas": len(results),
         "compiled": len(compiled),
         "compiled_with_warnings": sum(bool(result["warnings"]) for result in compiled),
+        # formline's counterpart of a warning: compiled, with keywords left to the after-check
+        # (None for an engine without one).
+        "compiled_with_checked_after": (
+            sum(has_checked_after(result) for result in compiled)
+            if ENGINES[engine].has_after_check
+            else None
+        ),
         "passing": sum(passing(result) for result in results),
+        "schemas_with_instances": len(with_instances),
+        "passing_with_instances": sum(passing(result) for result in with_instances),
         "unsupported": sum(result["status"] == "unsupported" for result in results),
         "valid_instances": sum(result["valid"] for result in walked),
         "valid_refused": total("valid_refused"),
@@ -259,8 +299,9 @@ def summarize(
         "mask_unsound": mismatches("unsound"),
         "mask_stricter": mismatches("stricter"),
         "crashes": sum(result["status"] in ("crash", "setup_error") for result in results),
-        "timeouts": sum(result["status"] == "timeout" for result in results),
-        "walk_timeouts": sum(result["status"] == "walk_timeout" for result in results),
+        "timeouts": sum(result["status"] in TIMEOUT_STATUSES for result in results),
+        "walk_timeouts": sum(result["status"] in WALK_TIMEOUT_STATUSES for result in results),
+        "limits": sum(result["status"] in ("limit", "walk_limit") for result in results),
         "ttfm_p50_ms": statistics.median(ttfm) if ttfm else None,
         "ttfm_p99_ms": float(np.percentile(ttfm, 99)) if ttfm else None,
         "ttfm_max_ms": max(ttfm) if ttfm else None,
@@ -269,6 +310,9 @@ def summarize(
         "mask_max_us": max(masks) / 1e3 if masks else None,
         "accept_p50_us": _percentile_us(accepts, 50),
         "masks_measured": len(masks),
+        "first_walk_mask_p50_us": _percentile_us(first_walk_masks, 50),
+        "first_walk_mask_p99_us": _percentile_us(first_walk_masks, 99),
+        "first_walk_masks_measured": len(first_walk_masks),
         "common_schemas": len(common),
         "common_ttfm_p50_ms": statistics.median(common_ttfm) if common_ttfm else None,
         "common_ttfm_p99_ms": float(np.percentile(common_ttfm, 99)) if common_ttfm else None,
@@ -278,28 +322,47 @@ def summarize(
     }
 
 
+def compiled_cell(row: dict[str, Any]) -> str:
+    """``compiled/schemas (N warned)``; for an engine with an after-check, also the schemas
+    it compiled with keywords checked after, its counterpart of a peer's warning."""
+    notes = [f"{row['compiled_with_warnings']} warned"]
+    if row.get("compiled_with_checked_after") is not None:
+        notes.insert(0, f"{row['compiled_with_checked_after']} checked after")
+    return f"{row['compiled']}/{row['schemas']} ({', '.join(notes)})"
+
+
 def markdown(
     summaries: list[dict[str, Any]], rows: list[dict[str, Any]], engines: list[str]
 ) -> str:
     lines = [
-        "| vocabulary | engine | compiled | passing | valid refused | invalid accepted "
-        "(caught after) | mask unsound / stricter | crashes | timeouts (walk) | "
-        "TTFM p50 / p99 ms | mask p50 / p99 / max µs | accept p50 µs |",
-        "|" + "---|" * 12,
+        "| vocabulary | engine | compiled | passing (with instances) | valid refused | "
+        "invalid accepted (caught after) | mask unsound / stricter | crashes | "
+        "timeouts (walk) | TTFM p50 / p99 ms | mask p50 / p99 / max µs | "
+        "first-walk mask p50 / p99 µs | accept p50 µs |",
+        "|" + "---|" * 13,
     ]
     for row in summaries:
         lines.append(
-            f"| {row['vocabulary']} | {row['engine']} | {row['compiled']}/{row['schemas']}"
-            f" ({row['compiled_with_warnings']} warned) | "
-            f"{row['passing']} | {row['valid_refused'] + row['valid_flagged']} | "
+            f"| {row['vocabulary']} | {row['engine']} | {compiled_cell(row)} | "
+            f"{row['passing']} ({row['passing_with_instances']}/"
+            f"{row['schemas_with_instances']}) | {row['valid_refused'] + row['valid_flagged']} | "
             f"{row['invalid_accepted']} ({row['invalid_caught_after']}) | "
             f"{row['mask_unsound']} / {row['mask_stricter']} | {row['crashes']} | "
             f"{row['timeouts']} ({row['walk_timeouts']}) | "
             f"{_cell(row['ttfm_p50_ms'], 2)} / {_cell(row['ttfm_p99_ms'])} | "
             f"{_cell(row['mask_p50_us'])} / {_cell(row['mask_p99_us'])} / "
-            f"{_cell(row['mask_max_us'])} | {_cell(row['accept_p50_us'])} |"
+            f"{_cell(row['mask_max_us'])} | {_cell(row['first_walk_mask_p50_us'])} / "
+            f"{_cell(row['first_walk_mask_p99_us'])} | {_cell(row['accept_p50_us'])} |"
         )
     lines += [
+        "",
+        "compiled: formline's *checked after* counts the schemas it compiled with keywords "
+        "left to its after-check (its compile report), the counterpart of a peer's warning. "
+        "passing (with instances): over the schemas that have test instances, passing / "
+        "schemas (a schema without instances passes once it compiles). timeouts: killed past "
+        "the time limit or stopped at the engine's own compile limit. first-walk mask: the "
+        "fills of each schema's first instance walked, before any other walk could warm a "
+        "mask cache (formline shares one per compiled grammar across its instances).",
         "",
         "The same times over the schemas that every engine of the run walked.",
         "",
@@ -391,7 +454,12 @@ def main(arguments: list[str] | None = None) -> int:
             document = json.loads(path.read_text(encoding="utf-8"))
             job, problems = make_job(document, tokenizer, token_bytes, description["eos_id"])
             description["roundtrip_problems"] += [f"{path.name} {text}" for text in problems]
-            row = {"file": path.name, "subset": subset_of(path.name), "vocabulary": vocabulary_name}
+            row = {
+                "file": path.name,
+                "subset": subset_of(path.name),
+                "vocabulary": vocabulary_name,
+                "instances": len(job["instances"]),
+            }
             # The engines take turns to go first: a compile pays for what ran just before it
             # (formline's TTFM was 0.23-0.28 ms over its own alone when it always followed
             # XGrammar's walk of the schema before), so each engine gets each place equally.
@@ -423,7 +491,7 @@ def main(arguments: list[str] | None = None) -> int:
     print(table)
     for row in rows:  # raw timings stay out of the JSON; their summaries go in
         for result in row["engines"].values():
-            for name in ("mask_ns", "accept_ns"):
+            for name in ("mask_ns", "accept_ns", "first_walk_mask_ns"):
                 values = result.pop(name, [])
                 result[name.replace("_ns", "_us")] = {
                     "count": len(values),
@@ -432,7 +500,7 @@ def main(arguments: list[str] | None = None) -> int:
                     "over_500": sum(value > 500_000 for value in values),
                     "max": max(values) / 1e3 if values else None,
                 }
-    report = {
+    report: dict[str, Any] = {
         "command": " ".join(["python -m bench.maskbench", *(arguments or sys.argv[1:])]),
         "data": _shown(options.data),
         "files": len(files),

@@ -2,7 +2,8 @@
 
 The adapters extend bench.core_bench's engines (vocabulary preparation, matcher, bitmask, fill,
 accept and error handling are theirs) with a JSON-schema compile, the engine's documented
-"unsupported schema" errors and, for formline, the after-check. A worker (``worker_main``) is a
+"unsupported schema" errors, its own compile limits (formline's), and, for formline, the
+after-check and its report of the keywords it leaves to it. A worker (``worker_main``) is a
 separate process so that the parent can kill it when a schema runs past its time limit.
 """
 
@@ -63,13 +64,31 @@ class UnsupportedSchemaError(Exception):
     """The engine declined the schema with its documented error (not a crash)."""
 
 
+class LimitReachedError(UnsupportedSchemaError):
+    """The engine stopped the compile at one of its own limits (time, automaton states,
+    parser stacks): what a peer does by running past MaskBench's time limit, so MaskBench
+    counts it as a timeout (status ``limit``), not as a refusal of the schema.
+
+    A subclass of UnsupportedSchemaError so that callers that only ask whether a schema
+    compiled (``bench.cached_compiles``) keep treating it as "not compiled"; MaskBench
+    catches it first."""
+
+
 class SchemaEngine(Engine):
     """What MaskBench needs on top of core_bench's Engine."""
 
     options: ClassVar[dict[str, Any]] = {}
+    # Whether after_check is a real check and compile_details reports the keywords left to
+    # it (formline): the table then shows the schemas compiled with keywords checked after,
+    # formline's counterpart of a peer's warning that it dropped or weakened a keyword.
+    has_after_check: ClassVar[bool] = False
+    # The engine's own limit errors (set by engines that have them): raised during the
+    # first mask or the walk they end the schema as a limit, like a peer's timeout.
+    limit_errors: tuple[type[BaseException], ...] = ()
 
     def compile_schema(self, schema: Any) -> Any:
-        """Compile (timed). Raises UnsupportedSchemaError for documented schema errors."""
+        """Compile (timed). Raises UnsupportedSchemaError for documented schema errors,
+        LimitReachedError where the engine stopped at one of its own limits."""
         raise NotImplementedError
 
     def new_matcher(self, compiled: Any) -> Any:
@@ -90,20 +109,36 @@ class SchemaEngine(Engine):
 class FormlineSchemaEngine(FormlineEngine, SchemaEngine):
     options: ClassVar[dict[str, Any]] = {
         "disk_cache": False,
-        "memory_cache": "cleared before each schema",
+        "memory_cache": "compiled grammars cleared before each schema (compiler.clear_cache()); "
+        "the vocabulary's token table and module-level memoized pieces kept",
+        "on_unsupported": "error",
     }
+    has_after_check = True
 
     def __init__(self) -> None:
         super().__init__()
+        from formline import CompileLimitError
         from formline.grammar import GrammarError
+        from formline.parser.pushdown import ParserLimitError
         from formline.schema import SchemaError
 
+        # Both limits are GrammarError subclasses: they must be told apart before
+        # GrammarError, the documented refusal, takes them. A compile_json_schema call
+        # raises them as a SchemaError with ``limit`` set (compile_schema below); a first
+        # mask or a walk that builds automaton states lazily can raise them as they are.
+        self.limit_errors = (CompileLimitError, ParserLimitError)
         self.declined = (SchemaError, GrammarError)
 
     def compile_schema(self, schema: Any) -> Any:
         try:
             return self.compiler.compile_json_schema(schema)
+        except self.limit_errors as error:
+            raise LimitReachedError(f"{type(error).__name__}: {error}") from error
         except self.declined as error:
+            # The schema compile re-raises a limit error as a SchemaError naming the limit
+            # passed (``limit``: seconds, nfa_states, ...); one without is a refusal.
+            if getattr(error, "limit", None) is not None:
+                raise LimitReachedError(f"{type(error).__name__}: {error}") from error
             raise UnsupportedSchemaError(f"{type(error).__name__}: {error}") from error
 
     def new_matcher(self, compiled: Any) -> Any:
@@ -113,10 +148,15 @@ class FormlineSchemaEngine(FormlineEngine, SchemaEngine):
         return list(compiled.check(data))
 
     def compile_details(self, compiled: Any) -> dict[str, Any]:
+        # The compiled schema's report lists every keyword use the grammar leaves to the
+        # after-check (checked_after); with on_unsupported="error" (the default) its
+        # unsupported list stays empty, an unsupported keyword being a SchemaError.
         report = compiled.report
+        checked_after = getattr(report, "checked_after", ())
         return {
             "enforced": len(getattr(report, "enforced", ())),
-            "checked_after": [short(use) for use in getattr(report, "checked_after", ())][:10],
+            "checked_after_count": len(checked_after),
+            "checked_after": [short(use) for use in checked_after][:10],
             "unsupported": [short(use) for use in getattr(report, "unsupported", ())][:10],
         }
 
@@ -125,6 +165,11 @@ class XGrammarSchemaEngine(XGrammarEngine, SchemaEngine):
     options: ClassVar[dict[str, Any]] = {
         "any_whitespace": False,
         "separators": [",", ":"],
+        # XGrammar's default (and vLLM's use of it): properties and items the schema does
+        # not declare are forbidden, so some valid instances are refused (counted as such).
+        # With False, JSON Schema's semantics, the 2026-12-07 run refused 21 valid instances
+        # instead of 46, but its TTFM p50 was 605 ms instead of 18 and 10 schemas timed out
+        # (bench/README.md): the default is how its users meet it.
         "strict_mode": True,
         "max_threads": 1,
         "cache_enabled": False,
@@ -133,13 +178,18 @@ class XGrammarSchemaEngine(XGrammarEngine, SchemaEngine):
     def compile_schema(self, schema: Any) -> Any:
         try:
             return self.compiler.compile_json_schema(
-                json.dumps(schema), any_whitespace=False, separators=(",", ":"), strict_mode=True
+                json.dumps(schema),
+                any_whitespace=False,
+                separators=(",", ":"),
+                strict_mode=self.options["strict_mode"],
             )
         except RuntimeError as error:  # xgrammar's C++ errors: invalid or unsupported schema
             raise UnsupportedSchemaError(f"{type(error).__name__}: {error}") from error
 
 
 class LLGuidanceSchemaEngine(LLGuidanceEngine, SchemaEngine):
+    # Without coerce_one_of and lenient (both off by default): a oneOf or a keyword it does
+    # not implement is its documented refusal, as an unsupported keyword is formline's.
     options: ClassVar[dict[str, Any]] = {
         "whitespace_flexible": False,
         "item_separator": ",",
@@ -225,7 +275,12 @@ def walk(
 def run_schema(
     engine: SchemaEngine, context: VocabularyContext, job: dict[str, Any], conn: Connection
 ) -> dict[str, Any]:
-    """Compile one schema (telling ``conn`` when it starts and has its first mask), walk it."""
+    """Compile one schema (telling ``conn`` when it starts and has its first mask), walk it.
+
+    Every instance is walked on a new matcher of the same compiled grammar, so an engine
+    that caches masks in the grammar (formline) has them warm after the first walk, while
+    llguidance recomputes them: ``first_walk_mask_ns`` keeps the fills of the first
+    instance walked (valid or not), the walk no earlier instance warmed."""
     result: dict[str, Any] = {"status": "compiled"}
     engine.reset_caches(context)
     bitmask = engine.allocate(context)
@@ -237,6 +292,9 @@ def run_schema(
         started = time.perf_counter_ns()
         try:
             compiled = engine.compile_schema(job["schema"])
+        except LimitReachedError as error:
+            result.update(status="limit", error=short(error))
+            return result
         except UnsupportedSchemaError as error:
             result.update(status="unsupported", error=short(error))
             return result
@@ -255,20 +313,28 @@ def run_schema(
         }
         masks: list[int] = []
         accepts: list[int] = []
+        first_walk_masks: list[int] = []
         for index, instance in enumerate(job["instances"]):
             valid = instance["valid"]
             counts["valid" if valid else "invalid"] += 1
             mismatches: list[str] = []
+            instance_masks: list[int] = []
+            instance_accepts: list[int] = []
             refusal = walk(
                 engine,
                 engine.new_matcher(compiled),
                 bitmask,
                 instance["tokens"],
                 job["eos_id"],
-                masks if valid else None,
-                accepts if valid else None,
+                instance_masks,
+                instance_accepts,
                 mismatches,
             )
+            if valid:  # the mask and accept figures are over the valid instances' steps
+                masks += instance_masks
+                accepts += instance_accepts
+            if index == 0:
+                first_walk_masks = instance_masks
             lists["mismatches"] += [f"{text} (test #{index})" for text in mismatches]
             checked = None if refusal else engine.after_check(compiled, instance["data"])
             if valid and refusal:
@@ -281,7 +347,12 @@ def run_schema(
                 counts["invalid_caught"] += 1
             elif not valid:
                 lists["invalid_accepted"].append(f"test #{index}: {instance['description']}")
-        result.update(counts, **lists, mask_ns=masks, accept_ns=accepts)
+        result.update(
+            counts, **lists, mask_ns=masks, accept_ns=accepts, first_walk_mask_ns=first_walk_masks
+        )
+    except engine.limit_errors as error:  # the engine's own limit, met by a mask or a step
+        status = "walk_limit" if "ttfm_ms" in result else "limit"
+        result.update(status=status, error=short(f"{type(error).__name__}: {error}"))
     except Exception as error:  # anything but the documented schema errors is a crash
         result.update(status="crash", error=short(f"{type(error).__name__}: {error}"))
     finally:
