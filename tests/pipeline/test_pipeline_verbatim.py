@@ -12,7 +12,12 @@ from jsonschema import Draft202012Validator
 from pydantic import BaseModel
 
 from formline.pipeline.generate import generate
-from formline.pipeline.verbatim import source_numbers, source_spans, verbatim_schema
+from formline.pipeline.verbatim import (
+    narrows_strings,
+    source_numbers,
+    source_spans,
+    verbatim_schema,
+)
 from formline.schema import compile_schema
 from scripted import ScriptedEngine
 
@@ -182,3 +187,26 @@ def test_confidence_of_copied_values_reads_their_shape(llama_backend: Any) -> No
     assert result.confidence["name"] == 0.0
     assert result.confidence["age"] == pytest.approx(result.model_confidence["age"])
     assert result.model_confidence["name"] > 0.9  # the scripted model was sure of it
+
+
+def test_a_source_too_long_to_narrow_strings_leaves_them_free(llama_backend: Any) -> None:
+    # Cut at 4,000 spans the enum held only the shorter ones: "Maria Oliveira", near the end
+    # of 2,500 words, could not be written, and another span passed every check.
+    filler = " ".join(f"word{index}" for index in range(2_500))
+    source = f"{filler} The buyer is Maria Oliveira, aged 41."
+    schema = {
+        "type": "object",
+        "properties": {"buyer": {"type": "string"}, "age": {"type": "integer"}},
+    }
+    assert not narrows_strings(source) and narrows_strings(SOURCE)
+    properties = verbatim_schema(schema, source)["properties"]
+    assert properties["buyer"] == {"type": "string"}  # free: grounding checks it after
+    assert 41 in properties["age"]["enum"]  # numbers are still narrowed
+    answer = '{"buyer":"Maria Oliveira","age":41}'
+    engine = ScriptedEngine(llama_backend, answer)
+    result = generate(
+        "The buyer?", schema, engine, verbatim=True, source=source, describe_schema=False
+    )
+    assert result.data == {"buyer": "Maria Oliveira", "age": 41}
+    assert result.verbatim is False  # the confidence reads the grounded share again
+    assert result.confidence["buyer"] > 0.7

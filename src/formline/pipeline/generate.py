@@ -37,7 +37,7 @@ from formline.pipeline.pressure import (
     top_level,
 )
 from formline.pipeline.tolerance import coerce_numbers, tolerant_schema
-from formline.pipeline.verbatim import distinct_arrays, verbatim_schema
+from formline.pipeline.verbatim import distinct_arrays, narrows_strings, verbatim_schema
 from formline.schema.api import SchemaCheck, parse_output
 
 CUT_OFF = ("length", "timeout", "cancelled")
@@ -105,7 +105,9 @@ class Result:
     rationale: str = ""  # free text written before the answer (think=N)
 
     source: str = ""  # the prompt's own text (its user messages), what values are checked in
-    verbatim: bool = False  # values were narrowed to the source's (generate(verbatim=True))
+    # Values were narrowed to the source's (generate(verbatim=True)); False for a source too
+    # long to narrow strings (verbatim.narrows_strings: numbers and dates still were).
+    verbatim: bool = False
 
     @property
     def model_confidence(self) -> dict[str, float]:
@@ -353,7 +355,11 @@ class GenerationRequest:
         )  # fmt: skip
         result.rationale = rationale
         result.source = self.source
-        result.verbatim = self.shaping.verbatim and self.matcher is not None  # not free=True
+        # Not free=True, and strings narrowed: past MAX_SPANS they are left free, and the
+        # confidence reads the grounded share again, as without verbatim.
+        result.verbatim = (
+            self.shaping.verbatim and self.matcher is not None and narrows_strings(self.source)
+        )
         return result
 
 

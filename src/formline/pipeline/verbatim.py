@@ -12,7 +12,8 @@ is narrowed to the dates the text states, written ``YYYY-MM-DD``
 (:func:`formline.pipeline.dates.source_dates`: "the fifteenth of April 2025" is
 ``2025-04-15``; start dates right on 11 of 12 extraction-dev contracts, 2 of 12 before).
 A subschema with no candidate left (no number in the text, or none within its bounds) is
-left as it is: the narrowing never makes a schema unsatisfiable. The mask enforces the
+left as it is: the narrowing never makes a schema unsatisfiable. Nor are strings narrowed for
+a source past :data:`MAX_SPANS` spans (:func:`narrows_strings`). The mask enforces the
 narrowed ``enum``; the after-check reads the schema as given first, and reports what only
 the narrowed one refuses as "(the schema as compiled)". The string items of an array are
 each written once (:func:`distinct_arrays`, enforced by
@@ -37,7 +38,7 @@ from formline.pipeline.tolerance import map_subschemas
 from formline.schema.multiples import is_multiple_of
 
 MAX_SPAN_WORDS = 8  # a name, a city, a vendor, an item's description
-MAX_SPANS = 4000  # about 500 words of source; past that, longer spans are dropped first
+MAX_SPANS = 4000  # about 500 words of source; past that, strings are not narrowed
 # Stripped from both ends of a span: "Porto Alegre," and "(Kraków)" are the places.
 EDGE_PUNCTUATION = " \t\n,.;:!?()[]{}\"'“”‘’«»"
 MAX_SCALE_STEPS = 10  # 1-10, 0-10, 1-5: a rating (see _is_scale)
@@ -98,17 +99,30 @@ def _is_short(number: Decimal) -> bool:
     return not number or number.adjusted() < MAX_NUMBER_DIGITS
 
 
+def narrows_strings(source: str) -> bool:
+    """Whether :func:`verbatim_schema` narrows plain strings for ``source``: not when its
+    spans pass :data:`MAX_SPANS` (about 500 words). Cut there, the enum held only the
+    shorter spans: with 2,500 words "Maria Oliveira" near the end was gone, and the model
+    was forced onto another span that passed grounding and the after-check alike; left
+    free, a string the text does not hold is one grounding reports. Costs
+    :func:`source_spans`."""
+    return len(source_spans(source)) < MAX_SPANS
+
+
 @dataclass(frozen=True)
 class SourceValues:
-    """What a source text offers a narrowed schema: its spans, numbers and dates."""
+    """What a source text offers a narrowed schema: its spans (``None``: too many to
+    narrow strings, see :func:`narrows_strings`), numbers and dates."""
 
-    spans: list[str]
+    spans: list[str] | None
     numbers: list[Decimal]
     dates: list[str]
 
     @classmethod
     def read(cls, source: str) -> SourceValues:
-        return cls(source_spans(source), source_numbers(source), source_dates(source))
+        spans = source_spans(source)
+        kept = spans if len(spans) < MAX_SPANS else None
+        return cls(kept, source_numbers(source), source_dates(source))
 
 
 def verbatim_schema(schema: Any, source: str) -> Any:
@@ -144,7 +158,8 @@ def _candidates(node: dict[str, Any], kinds: list[str], values: SourceValues) ->
     if "format" in node:
         return []
     if kinds == ["string"]:
-        return [span for span in values.spans if _fits_length(node, span)]
+        spans = values.spans or []  # too many spans: strings stay free (narrows_strings)
+        return [span for span in spans if _fits_length(node, span)]
     if kinds == ["integer"] and _is_scale(node):
         return []  # a rating the model gives, not a number the text states
     if kinds in (["integer"], ["number"]):
