@@ -153,6 +153,15 @@ SCHEMAS = [
         },
         None,
     ),
+    HostileSchema(  # 962,001 member states: 14 s past a 10 s budget, 1 GB, before the limit
+        "1,600 optional properties under maxProperties 800",
+        {
+            "type": "object",
+            "properties": {f"p{k}": {"type": "integer"} for k in range(1_600)},
+            "maxProperties": 800,
+        },
+        ("SchemaError", "962,001 member states"),
+    ),
 ]
 
 

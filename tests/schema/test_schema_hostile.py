@@ -81,6 +81,24 @@ def test_a_count_too_large_is_checked_after_when_asked(smollm2_vocab: Vocabulary
     assert compiled.matcher().accept_string("[1,2,3]")
 
 
+def test_object_counts_past_the_member_state_limit_are_checked_after_when_asked(
+    smollm2_vocab: Vocabulary,
+) -> None:
+    properties = {f"p{k}": {"type": "integer"} for k in range(1_600)}
+    schema = {"type": "object", "properties": properties, "maxProperties": 800, "minProperties": 1}
+    compiled = compile_schema(
+        schema, smollm2_vocab, on_unsupported="check_after", cache=fresh_cache()
+    )
+    checked_after = {(use.keyword, use.pointer) for use in compiled.report.checked_after}
+    enforced = {(use.keyword, use.pointer) for use in compiled.report.enforced}
+    assert {("maxProperties", ""), ("minProperties", "")} <= checked_after
+    assert not {("maxProperties", ""), ("minProperties", "")} & enforced
+    matcher = compiled.matcher()
+    assert matcher.accept_string('{"p0":1,"p7":2}') and matcher.can_end()
+    assert compiled.check({}) != []  # minProperties, after the grammar let it through
+    assert compiled.check({f"p{k}": 1 for k in range(801)}) != []
+
+
 def test_the_time_budget_stops_a_slow_compile(smollm2_vocab: Vocabulary) -> None:
     # 2,000 anyOf branches take 0.18-0.24 s to compile on an AMD EPYC; a 0.05 s budget
     # stops them in the act (0.2 s no longer did there).

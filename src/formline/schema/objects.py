@@ -58,6 +58,11 @@ MEMBER_CHUNK = 8
 # near 1,000,000 NFA states, past the 500,000 limit. Chunks shrink as members grow instead
 # (a member over 1,000 nodes: every shared state a rule, as before).
 MEMBER_CHUNK_NODES = 1_000
+# Member states "(at property i, c written)" an object's counts may unroll into: 1,600
+# optional properties under maxProperties 800 made 962,001, 5.8 s of IR and 6 s more
+# flattening its 960,000 rules with no deadline check (about 8 µs a state), 14 s against a
+# 10 s budget and 1 GB. 700 under 350 (184,626 states) compile in 1.5-5 s.
+MAX_MEMBER_STATES = 250_000
 
 
 def object_value(
@@ -114,6 +119,10 @@ class _Members:
             self.compiler.record("checked_after", "minProperties", self.pointer, note)
         nexts = self._nexts()
         counts = self._reachable(nexts)
+        if len(counts) - counts.count(0) > MAX_MEMBER_STATES:
+            self._drop_counts(len(counts) - counts.count(0))  # raises when they are enforced
+            nexts = self._nexts()
+            counts = self._reachable(nexts)
         inline = self._inline_size(counts, nexts, extra) <= INLINE_BUDGET_NODES
         chunk = self._chunk()
         counted = self.counted
@@ -134,6 +143,29 @@ class _Members:
                         node = self.compiler.shared(node, "members", force=True)
                     nodes[state] = node
         return nodes[0]
+
+    def _drop_counts(self, states: int) -> None:
+        """Leave min/maxProperties to the after-check (``on_unsupported`` not ``"error"``):
+        their ``states`` member states are past :data:`MAX_MEMBER_STATES`.
+
+        Raises:
+            SchemaError: with ``on_unsupported="error"`` (limit ``repetition``), naming the
+                count and the pointer, before the states are built.
+        """
+        keyword = "maxProperties" if self.maximum is not None else "minProperties"
+        note = (
+            f"{len(self.declared)} properties under {keyword} {self.cap} would unroll into "
+            f"{states:,} member states; the grammar enforces counts up to "
+            f"{MAX_MEMBER_STATES:,} states"
+        )
+        if self.compiler.options.on_unsupported == "error":
+            raise SchemaError(f"{note} (limit 'repetition')", self.pointer, keyword, "repetition")
+        for name in ("minProperties", "maxProperties"):
+            if name in self.schema:
+                self.compiler.withdraw(name, self.pointer)
+                self.compiler.unsupported(name, self.pointer, note)
+        self.minimum, self.maximum, self.cap = 0, None, 1
+        self.counted = min(self.cap, len(self.declared)) + 1
 
     def _chunk(self) -> int:
         """Every how many properties a shared member state is a rule (see MEMBER_CHUNK)."""
