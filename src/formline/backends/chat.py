@@ -7,9 +7,11 @@ with real control tokens (as it does in transformers' and llama.cpp's own chat p
 OpenAI's API reads such text as text, and so does formline now: where a message's content
 holds a special token's text, :func:`render_guarded` finds where each content lies in the
 rendered prompt (rendering again with a marker in place of each content) and returns a
-:class:`RenderedPrompt` that carries those spans; :func:`split_prompt` cuts the prompt
-there, and the backend tokenizes the spans with special texts left as text and the rest
-as before. A prompt with no such text is rendered once and tokenized whole, as before,
+:class:`RenderedPrompt` that carries those spans, each widened to the template's special
+tokens around it; :func:`split_prompt` cuts the prompt there, and the backend tokenizes the
+spans with special texts left as text and the rest as before: the tokenizer splits a
+prompt at its special tokens anyway, so each piece is tokenized as the whole prompt's
+would be. A prompt with no such text is rendered once and tokenized whole, as before,
 token for token.
 """
 
@@ -68,11 +70,12 @@ def render_guarded(
     special text.
     """
     text = render(messages)
+    if special_texts is None:
+        return RenderedPrompt(text)
     risky = [
         (index, match.group())
         for index, message in enumerate(messages)
-        if special_texts is not None
-        and isinstance(content := message.get("content"), str)
+        if isinstance(content := message.get("content"), str)
         and (match := special_texts.search(content)) is not None
     ]
     if not risky:
@@ -89,7 +92,31 @@ def render_guarded(
             f"messages[{index}].content holds the special token text {found!r}, and the chat "
             "template changes message text, so it cannot be kept as plain text: remove it"
         )
-    return RenderedPrompt(text, spans)
+    return RenderedPrompt(text, _widened(text, spans, special_texts))
+
+
+def _widened(
+    text: str, spans: list[tuple[int, int]], special_texts: re.Pattern[str]
+) -> list[tuple[int, int]]:
+    """``spans`` each widened to the template's special tokens on either side (or the
+    text's ends), overlapping ones merged: the text between two of the template's special
+    tokens is tokenized in one piece, as the whole prompt's tokenizer splits it, so no
+    piece boundary falls inside it (SentencePiece gave each piece a leading space: "[INST]
+    hello" became "[INST]  hello")."""
+    template = [
+        (match.start(), match.end())
+        for match in special_texts.finditer(text)
+        if not any(start <= match.start() < end for start, end in spans)
+    ]
+    widened: list[tuple[int, int]] = []
+    for start, end in spans:
+        low = max((stop for _, stop in template if stop <= start), default=0)
+        high = min((begin for begin, _ in template if begin >= end), default=len(text))
+        if widened and low <= widened[-1][1]:
+            widened[-1] = (widened[-1][0], max(widened[-1][1], high))
+        else:
+            widened.append((low, high))
+    return widened
 
 
 def _content_spans(
@@ -99,26 +126,42 @@ def _content_spans(
     messages: list[dict[str, Any]],
 ) -> list[tuple[int, int]] | None:
     """Where the marked contents lie in ``text``: every marker's place in the render of
-    ``marked``, provided putting the contents back gives ``text`` exactly; else ``None``."""
+    ``marked``, provided putting the contents back (as written, or trimmed: Llama 3's
+    template writes ``message['content'] | trim``) gives ``text`` exactly; else ``None``."""
     try:
         with_markers = render(marked)
     except Exception:  # a template that reads the content (its length, its words)
         return None
-    pieces: list[str] = []
-    spans: list[tuple[int, int]] = []
-    length = last = 0
-    for match in _MARKER.finditer(with_markers):
-        index = int(match.group(1))
-        if index >= len(messages):
-            return None
-        content = messages[index]["content"]
-        pieces += [with_markers[last : match.start()], content]
-        length += match.start() - last
-        spans.append((length, length + len(content)))
-        length += len(content)
-        last = match.end()
-    pieces.append(with_markers[last:])
-    return spans if spans and "".join(pieces) == text else None
+    for written in (str, str.strip):
+        pieces: list[str] = []
+        spans: list[tuple[int, int]] = []
+        length = last = 0
+        for match in _MARKER.finditer(with_markers):
+            index = int(match.group(1))
+            if index >= len(messages):
+                return None
+            content = written(messages[index]["content"])
+            pieces += [with_markers[last : match.start()], content]
+            length += match.start() - last
+            spans.append((length, length + len(content)))
+            length += len(content)
+            last = match.end()
+        pieces.append(with_markers[last:])
+        if spans and "".join(pieces) == text:
+            return spans
+    return None
+
+
+def tokenize_prompt_pieces(
+    prompt: str, tokenize: Callable[[str, bool, bool], list[int]]
+) -> list[int]:
+    """The tokens of ``prompt``'s pieces (:func:`split_prompt`) in order, by ``tokenize(text,
+    add_bos, parse_special)``: a bos asked for on the first piece only. Costs the
+    tokenizer's calls, one per piece (one for a plain prompt)."""
+    tokens: list[int] = []
+    for text, special in split_prompt(prompt):
+        tokens += tokenize(text, not tokens, special)
+    return tokens
 
 
 def split_prompt(prompt: str) -> list[tuple[str, bool]]:

@@ -26,7 +26,7 @@ from typing import Any
 import numpy as np
 
 from formline.backends.base import BackendError, ChatTemplateError
-from formline.backends.chat import render_guarded, special_text_pattern, split_prompt
+from formline.backends.chat import render_guarded, special_text_pattern, tokenize_prompt_pieces
 from formline.mask.bitmask import allocate_token_bitmask, apply_token_bitmask_inplace
 from formline.mask.matcher import GrammarMatcher
 from formline.vocab import Vocabulary
@@ -221,9 +221,9 @@ class LlamaCppBackend:
         Raises:
             BackendError: the prompt is empty and the model has no bos token to start from.
         """
-        tokens: list[int] = []
-        for text, special in split_prompt(prompt):  # one piece unless a message is guarded
-            tokens += self.llm.tokenize(text.encode("utf-8"), add_bos=not tokens, special=special)
+        tokens = tokenize_prompt_pieces(
+            prompt, lambda text, bos, special: self.llm.tokenize(text.encode(), bos, special)
+        )
         bos = self.llm.token_bos()
         if len(tokens) >= 2 and tokens[0] == tokens[1] == bos:
             del tokens[0]

@@ -21,7 +21,7 @@ from typing import Any
 import numpy as np
 
 from formline.backends.base import BackendError, ChatTemplateError
-from formline.backends.chat import render_guarded, special_text_pattern, split_prompt
+from formline.backends.chat import render_guarded, special_text_pattern, tokenize_prompt_pieces
 from formline.mask.batch import default_batch_matcher
 from formline.mask.bitmask import allocate_token_bitmask, apply_token_bitmask_inplace
 from formline.mask.compiled import CompiledGrammar
@@ -142,13 +142,12 @@ class TransformersBackend:
         chat template carries its own)."""
         bos = getattr(self.tokenizer, "bos_token", None)
         add_special = not (bos and prompt.startswith(bos))
-        tokens: list[int] = []
-        for text, special in split_prompt(prompt):  # one piece unless a message is guarded
-            first = add_special and not tokens
-            split = not special
-            encoded = self.tokenizer(text, add_special_tokens=first, split_special_tokens=split)
-            tokens += encoded["input_ids"]
-        return tokens
+        return tokenize_prompt_pieces(
+            prompt,
+            lambda text, first, special: self.tokenizer(
+                text, add_special_tokens=add_special and first, split_special_tokens=not special
+            )["input_ids"],
+        )
 
     def tokenize(self, text: bytes) -> list[int]:
         """``text``'s tokens alone (no special tokens added)."""
