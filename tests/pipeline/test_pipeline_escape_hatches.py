@@ -28,6 +28,9 @@ CASES = [
     (required({"type": "string", "enum": ["EUR", "USD"], "maxLength": 3}), {"k": "other"}),
     (required({"type": "string", "enum": ["EUR", "USD"], "pattern": "^[A-Z]{3}$"}),
      {"k": "other", "k_other": "GBP"}),
+    # A $ref inside the enum's field could not be read on its own (PointerToNowhere).
+    (required({"enum": ["a", "b"], "allOf": [{"$ref": "#/$defs/S"}]}, **{
+        "$defs": {"S": {"type": "string", "maxLength": 1}}}), {"k": "other"}),
 ]  # fmt: skip
 
 

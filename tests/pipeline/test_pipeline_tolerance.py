@@ -43,6 +43,7 @@ class Order(BaseModel):
         ("minus five", True, -5),  # the sign in words (it read 5)
         ("negative 3", True, -3),
         ("-five", True, -5),
+        ("minus -5", True, None),  # two signs: no guess
         ("second", True, None),  # an ordinal is no amount (it read 2)
         ("5 kg", True, None),  # other words: not all of it a number (it read 5)
         ("1e300", False, 10**300),

@@ -64,6 +64,8 @@ def test_a_negative_number_the_text_states_can_be_written(smollm2_vocab: Any) ->
     numbers = source_numbers(text)
     assert {-7, Decimal("-250.50"), -3} <= set(numbers) and {7, 12, 2020, 2021, 19} <= set(numbers)
     assert -2021 not in numbers and -19 not in numbers  # a dash inside a word is no sign
+    spelled = source_numbers("A low of minus seven, negative twenty-one, minus the fee of 5.")
+    assert {-7, -21} <= set(spelled) and -5 not in spelled
     schema = {"type": "object", "properties": {"low": {"type": "integer"}}}
     narrowed = verbatim_schema(schema, text)
     matcher = compile_schema(narrowed, smollm2_vocab, disk_cache=False).matcher()

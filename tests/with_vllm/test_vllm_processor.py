@@ -382,6 +382,21 @@ def test_a_shortened_output_is_accepted_again_from_its_start(
     assert finite_ids(logits[0]) == allowed_ids(pair, "2", processor)
 
 
+def test_an_output_token_replaced_in_place_is_accepted_again(
+    processor: FormlineLogitsProcessor,
+) -> None:
+    # One token dropped and another appended between two steps: the length is the same,
+    # and the matcher kept the token that was gone.
+    pair = vllm_xargs(regex="1a|2b")
+    output = [token_of(processor, "1")]
+    processor.update_state(update(1, add=[added(0, pair, output, max_tokens=50)]))
+    processor.apply(torch.zeros(1, VOCABULARY_SIZE))  # accepts "1"
+    output[0] = token_of(processor, "2")
+    logits = torch.zeros(1, VOCABULARY_SIZE)
+    processor.apply(logits)
+    assert finite_ids(logits[0]) == allowed_ids(pair, "2", processor)
+
+
 def test_validate_params_refuses_token_filters_that_can_empty_the_mask() -> None:
     # vLLM removes these tokens before formline's mask: where the grammar allows only
     # removed ones, nothing is left, and vLLM samples one anyway (a broken value, "stop").

@@ -25,6 +25,7 @@ from collections.abc import Iterable, Iterator
 from typing import Any
 
 from jsonschema import Draft202012Validator
+from referencing.exceptions import Unresolvable
 
 from formline.schema.python_patterns import with_python_patterns
 from formline.schema.report import SchemaError
@@ -179,7 +180,13 @@ def _with_other(field_schema: dict[str, Any]) -> dict[str, Any]:
     if OTHER in field_schema["enum"]:
         return field_schema
     widened = {**field_schema, "enum": [*field_schema["enum"], OTHER]}
-    if Draft202012Validator(with_python_patterns(widened)[0]).is_valid(OTHER):
+    try:
+        takes_other = Draft202012Validator(with_python_patterns(widened)[0]).is_valid(OTHER)
+    except (Unresolvable, RecursionError, ValueError, re.error):
+        # A $ref inside the field (an allOf's) names the root, not this field: a branch of
+        # its own takes "other" whatever the reference says.
+        takes_other = False
+    if takes_other:
         return widened
     kept = {key: field_schema[key] for key in ANNOTATIONS if key in field_schema}
     rest = {key: value for key, value in field_schema.items() if key not in kept}

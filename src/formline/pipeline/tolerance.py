@@ -117,8 +117,10 @@ def _read_spelled(text: str) -> Decimal | None:
     "negative" its sign), or ``None`` if it holds any other word or character."""
     words = [word.lower() for word in WORD.findall(text)]
     signed = bool(words) and words[0] in SIGN_WORDS
-    if signed:  # "minus five": the rest is the number
+    if signed:  # "minus five": the rest is the number (unsigned: "minus -5" states none)
         words, text = words[1:], text.split(maxsplit=1)[-1]
+        if text[:1] in "+-":
+            return None
     if not SPELLED_CHARACTERS.fullmatch(text) or any(w not in NUMBER_WORDS for w in words):
         return None
     values = set(extract_numbers(text))

@@ -33,7 +33,7 @@ from decimal import Decimal
 from typing import Any
 
 from formline.pipeline.dates import source_dates
-from formline.pipeline.grounding import extract_numbers
+from formline.pipeline.grounding import NUMBER_WORDS, extract_numbers
 from formline.pipeline.tolerance import map_subschemas
 from formline.schema.multiples import is_multiple_of
 
@@ -47,6 +47,9 @@ MAX_SCALE_STEPS = 10  # 1-10, 0-10, 1-5: a rating (see _is_scale)
 NEGATIVE_NUMBER = re.compile(
     r"(?:(?<![\w.,)\]])[-\u2212]|\b(?:minus|negative)\s+)([0-9]+(?:[.,][0-9]+)*)", re.IGNORECASE
 )
+# "minus seven", "negative twenty-one": the words after the sign, when the first is a
+# number word (extract_numbers reads the number they spell).
+NEGATIVE_WORDS = re.compile(r"\b(?:minus|negative)\s+([a-z]+(?:[\s-]+[a-z]+){0,5})", re.IGNORECASE)
 MAX_NUMBER_DIGITS = 100  # a value's digits; an id may have 30 (see _is_short)
 KEY_SEPARATORS = r"[=:]"  # inside a word: "uid=u_2048", "id:70921"
 # distinct_arrays' walk: the 2,295 MaskBench schemas need 8 visits at the median; 4 need
@@ -79,14 +82,20 @@ def source_spans(source: str, max_words: int = MAX_SPAN_WORDS) -> list[str]:
 def source_numbers(source: str) -> list[Decimal]:
     """The numbers ``source`` states (digits or words), once each, in order, then the
     negative ones: a magnitude written after a minus sign ("-7 C", "−250.50") or "minus" /
-    "negative" (:func:`extract_numbers` reads magnitudes only, so "a low of -7" offered 7
-    and refused -7). A magnitude is kept beside its negative ("-" may be a dash). Numbers
-    of more than :data:`MAX_NUMBER_DIGITS` digits are left out. Costs two passes over
+    "negative", in digits or words ("minus seven") (:func:`extract_numbers` reads
+    magnitudes only, so "a low of -7" offered 7 and refused -7). A magnitude is kept beside
+    its negative ("-" may be a dash). Numbers of more than :data:`MAX_NUMBER_DIGITS` digits
+    are left out. Costs three passes over
     ``source``."""
+    spelled = (
+        match.group(1)
+        for match in NEGATIVE_WORDS.finditer(source)
+        if match.group(1).split()[0].split("-")[0].casefold() in NUMBER_WORDS
+    )
     negatives = [
         -value
-        for match in NEGATIVE_NUMBER.finditer(source)
-        for value in extract_numbers(match.group(1))[:1]
+        for text in [*(m.group(1) for m in NEGATIVE_NUMBER.finditer(source)), *spelled]
+        for value in extract_numbers(text)[:1]
     ]
     numbers = [*extract_numbers(source), *negatives]
     return [number for number in dict.fromkeys(numbers) if _is_short(number)]

@@ -82,6 +82,7 @@ class _Row:
     ends: np.ndarray  # the int32 words a closed row allows: its stop tokens, or the end ones
     budget: int | None = None  # the output tokens vLLM allows it (None: unknown)
     accepted: int = 0  # how many of them the matcher has accepted
+    last_token: int = -1  # the last of them (a token vLLM replaced in place is noticed)
     closed: bool = False  # a refused token or a limit: only end-of-sequence is allowed now
     forced: list[int] = field(default_factory=list)  # the closing tokens still to write
     stop_ids: frozenset[int] = frozenset()  # vLLM's stop tokens for this request
@@ -106,7 +107,7 @@ class _Row:
         Raises:
             FormlineError: a grammar limit met while accepting (the caller closes the row).
         """
-        if len(self.output) < self.accepted and self.matcher is not None:
+        if self.matcher is not None and self._is_rewritten():
             self.restart()
         while self.accepted < len(self.output) and not self.closed:
             token = self.output[self.accepted]
@@ -114,6 +115,7 @@ class _Row:
                 return
             if token in self.stop_ids:  # vLLM ends the request on it; nothing to check
                 self.accepted += 1
+                self.last_token = token
                 continue
             if not self.live.is_terminated() and not self.live.accept_token(token):
                 log.error(
@@ -125,8 +127,17 @@ class _Row:
                 self.closed = True
                 return
             self.accepted += 1
+            self.last_token = token
             if self.forced:
                 self.forced = self.forced[1:] if token == self.forced[0] else []
+
+    def _is_rewritten(self) -> bool:
+        """Whether vLLM took back tokens this row accepted: the output is shorter, or the last
+        accepted position holds another token (k tokens dropped and k new ones appended
+        between two steps; only that position is compared, O(1) a step)."""
+        if len(self.output) < self.accepted:
+            return True
+        return self.accepted > 0 and self.output[self.accepted - 1] != self.last_token
 
     def restart(self) -> None:
         """Start the matcher again, to accept the output from its first token: vLLM's V1
@@ -136,13 +147,14 @@ class _Row:
         A row closed by a refused token opens again: that token may be one of those gone
         (met again, it closes the row again)."""
         log.warning(
-            "vLLM shortened a constrained request's output from %d to %d tokens; formline "
+            "vLLM shortened or rewrote a constrained request's output (%d tokens accepted, %d "
+            "now); formline "
             "accepts it again from its start",
             self.accepted,
             len(self.output),
         )
         self.live.reset()
-        self.accepted = 0
+        self.accepted, self.last_token = 0, -1
         self.closed = False
         self.forced = []
 
