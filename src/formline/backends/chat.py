@@ -63,8 +63,8 @@ def render_guarded(
     token's text (by ``special_texts``) marked as text only.
 
     Raises:
-        ChatTemplateError: a content holds a special token's text and the template changes
-            contents (trims them, rewrites them), so where it lies cannot be known.
+        ChatTemplateError: a content holds a special token's text and the template rewrites
+            contents (other than trimming them), so where it lies cannot be known.
         Whatever ``render`` raises.
     Costs one render, plus a second and a pass over the prompt when a content holds a
     special text.

@@ -16,7 +16,6 @@ drops every longer piece (47 of SmolLM2's tokens, e.g. 64 dashes or a newline pl
 from __future__ import annotations
 
 import atexit
-import re
 import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -162,7 +161,7 @@ class LlamaCppBackend:
         except VocabularyError as error:
             raise BackendError(f"the GGUF tokenizer does not fit the model: {error}") from error
         self._chat_formatter: Any = None
-        self._special_texts: tuple[re.Pattern[str] | None] | None = None  # made on first use
+        self._special_texts = special_text_pattern(self.vocabulary)
 
     # ----------------------------------------------------------------- prompts
 
@@ -187,9 +186,7 @@ class LlamaCppBackend:
         The first call compiles the template (milliseconds); later calls only render (twice
         when a message holds a special token's text).
         """
-        if self._special_texts is None:
-            self._special_texts = (special_text_pattern(self.vocabulary),)
-        return render_guarded(self._render, messages, self._special_texts[0])
+        return render_guarded(self._render, messages, self._special_texts)
 
     def _render(self, messages: list[dict[str, str]]) -> str:
         """The template applied to ``messages`` (see :meth:`render_chat`)."""

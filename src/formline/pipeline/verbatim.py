@@ -27,6 +27,7 @@ a ``format``, ``pattern`` or ``enum`` to stay free.
 
 from __future__ import annotations
 
+import math
 import re
 from dataclasses import dataclass
 from decimal import Decimal
@@ -115,7 +116,13 @@ def narrows_strings(source: str) -> bool:
     was forced onto another span that passed grounding and the after-check alike; left
     free, a string the text does not hold is one grounding reports. Costs
     :func:`source_spans`."""
-    return len(source_spans(source)) < MAX_SPANS
+    return _narrowed_spans(source) is not None
+
+
+def _narrowed_spans(source: str) -> list[str] | None:
+    """:func:`source_spans`, or ``None`` past :data:`MAX_SPANS` (see :func:`narrows_strings`)."""
+    spans = source_spans(source)
+    return spans if len(spans) < MAX_SPANS else None
 
 
 @dataclass(frozen=True)
@@ -129,9 +136,7 @@ class SourceValues:
 
     @classmethod
     def read(cls, source: str) -> SourceValues:
-        spans = source_spans(source)
-        kept = spans if len(spans) < MAX_SPANS else None
-        return cls(kept, source_numbers(source), source_dates(source))
+        return cls(_narrowed_spans(source), source_numbers(source), source_dates(source))
 
 
 def verbatim_schema(schema: Any, source: str) -> Any:
@@ -203,7 +208,7 @@ def _fits_length(node: dict[str, Any], span: str) -> bool:
 def _numbers_within(node: dict[str, Any], numbers: list[Decimal], integer: bool) -> list[Any]:
     found: list[Any] = []
     step = node.get("multipleOf")
-    if not isinstance(step, int | float) or isinstance(step, bool) or not step > 0:
+    if not isinstance(step, int | float) or isinstance(step, bool) or not 0 < step < math.inf:
         step = None
     for number in numbers:
         if integer and number != number.to_integral_value():
@@ -211,21 +216,13 @@ def _numbers_within(node: dict[str, Any], numbers: list[Decimal], integer: bool)
         if not _within(node, number):
             continue
         value: Any = int(number) if number == number.to_integral_value() else float(number)
-        if step is not None and not _is_step_multiple(value, step):
+        # As the schema compiler and the after-check judge a step (exactly: 19.99 is a
+        # multiple of 0.01). Left in, a value the step refuses made the narrowed enum empty
+        # (a valid schema unsatisfiable) or only null.
+        if step is not None and not is_multiple_of(value, step):
             continue
         found.append(value)
     return list(dict.fromkeys(found))
-
-
-def _is_step_multiple(value: int | float, step: int | float) -> bool:
-    """Whether ``value`` (as the enum will hold it) is a multiple of ``step`` as the schema
-    compiler and the after-check judge it (exactly: 19.99 is a multiple of 0.01). Left out,
-    a value the text states but the step refuses made the narrowed enum empty (a valid
-    schema unsatisfiable) or only null. A value too large for a float is no candidate."""
-    try:
-        return is_multiple_of(value, step)
-    except (OverflowError, ValueError):
-        return False
 
 
 def _within(node: dict[str, Any], number: Decimal) -> bool:

@@ -13,12 +13,11 @@ from __future__ import annotations
 from collections.abc import Iterator
 from decimal import Decimal
 from fractions import Fraction
+from functools import cache
 from typing import Any
 
 from jsonschema.exceptions import ValidationError
 from jsonschema.validators import extend
-
-_EXACT_CLASSES: dict[Any, Any] = {}
 
 
 def is_multiple_of(value: int | float, step: int | float) -> bool:
@@ -60,10 +59,8 @@ def _exact_multiple_of(validator: Any, step: Any, instance: Any, schema: Any) ->
         yield ValidationError(f"{instance!r} is not a multiple of {step!r}")
 
 
+@cache
 def with_exact_multiples(cls: Any) -> Any:
     """The jsonschema validator class ``cls`` with ``multipleOf`` read exactly (see the
     module); made once per class."""
-    extended = _EXACT_CLASSES.get(cls)
-    if extended is None:
-        extended = _EXACT_CLASSES[cls] = extend(cls, {"multipleOf": _exact_multiple_of})
-    return extended
+    return extend(cls, {"multipleOf": _exact_multiple_of})

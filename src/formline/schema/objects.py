@@ -119,8 +119,9 @@ class _Members:
             self.compiler.record("checked_after", "minProperties", self.pointer, note)
         nexts = self._nexts()
         counts = self._reachable(nexts)
-        if len(counts) - counts.count(0) > MAX_MEMBER_STATES:
-            self._drop_counts(len(counts) - counts.count(0))  # raises when they are enforced
+        states = len(counts) - counts.count(0)
+        if states > MAX_MEMBER_STATES:
+            self._drop_counts(states)  # raises when the counts are enforced
             nexts = self._nexts()
             counts = self._reachable(nexts)
         inline = self._inline_size(counts, nexts, extra) <= INLINE_BUDGET_NODES
