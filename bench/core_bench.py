@@ -28,7 +28,7 @@ import platform
 import statistics
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -776,72 +776,152 @@ def progress(message: str) -> None:
     print(message, file=sys.stderr, flush=True)
 
 
-def main(arguments: list[str] | None = None) -> int:
-    options = parse_arguments(arguments)
-    cases = grammar_cases()
-    started = time.perf_counter()
-
+def load_engines(names: list[str]) -> dict[str, Engine | str]:
+    """Each engine by name, or why it could not be loaded (a missing or broken peer is
+    reported, not fatal)."""
     engines: dict[str, Engine | str] = {}
-    for name in options.engines:
+    for name in names:
         try:
             engines[name] = ENGINE_CLASSES[name]()
-        except Exception as error:  # a missing or broken peer is reported, not fatal
+        except Exception as error:
             engines[name] = f"import failed: {type(error).__name__}: {error}"
             progress(f"{name}: {engines[name]}")
+    return engines
 
-    results: list[CaseResult] = []
-    contexts: dict[str, VocabularyContext] = {}
-    total = len(options.vocabularies) * len(options.engines) * len(cases)
-    done = 0
-    for vocabulary_name in options.vocabularies:
-        progress(f"loading tokenizer and tokenizing texts for {vocabulary_name} ...")
-        context = vocabulary_context(vocabulary_name, cases)
-        contexts[vocabulary_name] = context
-        for problem in context.roundtrip_problems:
-            progress(f"warning: {problem}")
-        for engine_name in options.engines:
-            engine = engines[engine_name]
-            prep_ms: list[float] = []
-            prep_error = engine if isinstance(engine, str) else ""
-            if isinstance(engine, Engine):
-                for _ in range(options.repeat):
-                    elapsed, prep_error = prepare_engine(engine, context)
-                    if prep_error:
-                        break
-                    prep_ms.append(elapsed)
-            for case in cases:
-                done += 1
-                if isinstance(engine, Engine) and not prep_error:
-                    result = run_case(engine, context, case, options.repeat)
-                else:
-                    result = CaseResult(engine_name, vocabulary_name, case.name)
-                    result.add_error(prep_error)
-                result.prep_ms = prep_ms
-                results.append(result)
-                row = summarize(result)
-                progress(
-                    f"[{done}/{total}] {engine_name} {vocabulary_name} {case.name}: "
-                    f"compile {_cell(row['compile_ms'], 2)} ms, mask p50 "
-                    f"{_cell(row['mask_p50_us'])} µs p99 {_cell(row['mask_p99_us'])} µs, "
-                    f"{row['tokens_measured']} tokens, "
-                    + (f"ERRORS: {row['errors']}" if row["errors"] else "ok")
-                )
 
-    summaries = [summarize(result) for result in results]
+def run_engine(
+    engine_name: str,
+    engine: Engine | str,
+    context: VocabularyContext,
+    cases: list[GrammarCase],
+    repeat: int,
+) -> Iterator[CaseResult]:
+    """Each case's result for one engine on one vocabulary (an engine that could not be
+    loaded or prepared: the error, for every case)."""
+    prep_ms: list[float] = []
+    prep_error = engine if isinstance(engine, str) else ""
+    if isinstance(engine, Engine):
+        for _ in range(repeat):
+            elapsed, prep_error = prepare_engine(engine, context)
+            if prep_error:
+                break
+            prep_ms.append(elapsed)
+    for case in cases:
+        if isinstance(engine, Engine) and not prep_error:
+            result = run_case(engine, context, case, repeat)
+        else:
+            result = CaseResult(engine_name, context.name, case.name)
+            result.add_error(prep_error)
+        result.prep_ms = prep_ms
+        yield result
+
+
+def sorted_summaries(
+    results: list[CaseResult], options: argparse.Namespace, cases: list[GrammarCase]
+) -> list[dict[str, Any]]:
+    """The results' summaries by vocabulary, grammar and engine, in the order asked."""
     order = {name: index for index, name in enumerate(options.engines)}
     grammar_order = {case.name: index for index, case in enumerate(cases)}
     vocabulary_order = {name: index for index, name in enumerate(options.vocabularies)}
-    summaries.sort(
+    return sorted(
+        map(summarize, results),
         key=lambda row: (
             vocabulary_order[row["vocabulary"]],
             grammar_order[row["grammar"]],
             order[row["engine"]],
-        )
+        ),
     )
+
+
+METHOD = {
+    "timer": "time.perf_counter_ns",
+    "cold_walks": "every text is walked once per repeat on a freshly compiled grammar "
+    "(formline: compiler.clear_cache() forgets compiled grammars, disk_cache=False; "
+    "xgrammar: cache_enabled=False; llguidance: a new LLMatcher); kept: each engine's "
+    "per-vocabulary preparation (formline's token table, the peers' tokenizer info) and "
+    "module-level memoized pieces (formline: schema/grammar pieces, stop-token rows)",
+    "compile_ms": "median time to first mask: compile + matcher creation + first fill "
+    "(compile_only_ms: the compile call alone)",
+    "mask": "fill_next_token_bitmask per step, the first (cold) fill included; one "
+    "step per text token plus the final step where EOS must be allowed",
+    "accept": "accept per text token plus the final EOS",
+    "xgrammar": "GrammarCompiler(max_threads=1, cache_enabled=False)",
+    "gc": "garbage collector disabled during each compile + walk",
+}
+
+
+def grammar_records(
+    cases: list[GrammarCase], contexts: dict[str, VocabularyContext], llguidance: Any
+) -> list[dict[str, Any]]:
+    """The report's description of each grammar: its source in each engine's form and its
+    texts' lengths in characters and in each vocabulary's tokens."""
+    return [
+        {
+            "name": case.name,
+            "kind": case.kind,
+            "source": case.source,
+            "notes": case.notes,
+            "xgrammar_source": choices_gbnf(case.source) if case.kind == "choice" else None,
+            "llguidance_lark": (
+                llguidance.lark_text(case) if isinstance(llguidance, LLGuidanceEngine) else None
+            ),
+            "texts": [
+                {
+                    "text": text,
+                    "characters": len(text),
+                    "tokens": {name: len(c.tokens[text]) for name, c in contexts.items()},
+                }
+                for text in case.texts
+            ],
+        }
+        for case in cases
+    ]
+
+
+def write_report(report: dict[str, Any], output: Path, table: str, repeat: int) -> None:
+    """``report`` as JSON at ``output`` and its table as Markdown beside it."""
+    output.parent.mkdir(parents=True, exist_ok=True)
+    output.write_text(json.dumps(report, indent=1, ensure_ascii=False) + "\n")
+    markdown = output.with_suffix(".md")
+    machine = report["machine"]
+    markdown.write_text(
+        f"# Core benchmark\n\n`{report['command']}` on {machine['cpu_model']} "
+        f"({machine['cpu_count']} cores), Python {machine['python']}; "
+        f"engines: {report['engine_versions']}. Repeat {repeat}, every walk on a "
+        "fresh compile (see bench/README.md).\n\n" + table
+    )
+    progress(f"wrote {output} and {markdown} in {report['elapsed_s']:.0f} s")
+
+
+def main(arguments: list[str] | None = None) -> int:
+    options = parse_arguments(arguments)
+    cases = grammar_cases()
+    started = time.perf_counter()
+    engines = load_engines(options.engines)
+    results: list[CaseResult] = []
+    contexts: dict[str, VocabularyContext] = {}
+    total = len(options.vocabularies) * len(options.engines) * len(cases)
+    for vocabulary_name in options.vocabularies:
+        progress(f"loading tokenizer and tokenizing texts for {vocabulary_name} ...")
+        context = contexts[vocabulary_name] = vocabulary_context(vocabulary_name, cases)
+        for problem in context.roundtrip_problems:
+            progress(f"warning: {problem}")
+        for engine_name in options.engines:
+            for result in run_engine(
+                engine_name, engines[engine_name], context, cases, options.repeat
+            ):
+                results.append(result)
+                row = summarize(result)
+                progress(
+                    f"[{len(results)}/{total}] {engine_name} {vocabulary_name} "
+                    f"{result.grammar}: compile {_cell(row['compile_ms'], 2)} ms, mask p50 "
+                    f"{_cell(row['mask_p50_us'])} µs p99 {_cell(row['mask_p99_us'])} µs, "
+                    f"{row['tokens_measured']} tokens, "
+                    + (f"ERRORS: {row['errors']}" if row["errors"] else "ok")
+                )
+    summaries = sorted_summaries(results, options, cases)
     table = markdown_table(summaries)
     print(table)
-
-    llguidance = engines.get("llguidance")
     report = {
         "command": " ".join(["python -m bench.core_bench", *(arguments or sys.argv[1:])]),
         "repeat": options.repeat,
@@ -851,21 +931,7 @@ def main(arguments: list[str] | None = None) -> int:
             name: (engine.version() if isinstance(engine, Engine) else engine)
             for name, engine in engines.items()
         },
-        "method": {
-            "timer": "time.perf_counter_ns",
-            "cold_walks": "every text is walked once per repeat on a freshly compiled grammar "
-            "(formline: compiler.clear_cache() forgets compiled grammars, disk_cache=False; "
-            "xgrammar: cache_enabled=False; llguidance: a new LLMatcher); kept: each engine's "
-            "per-vocabulary preparation (formline's token table, the peers' tokenizer info) and "
-            "module-level memoized pieces (formline: schema/grammar pieces, stop-token rows)",
-            "compile_ms": "median time to first mask: compile + matcher creation + first fill "
-            "(compile_only_ms: the compile call alone)",
-            "mask": "fill_next_token_bitmask per step, the first (cold) fill included; one "
-            "step per text token plus the final step where EOS must be allowed",
-            "accept": "accept per text token plus the final EOS",
-            "xgrammar": "GrammarCompiler(max_threads=1, cache_enabled=False)",
-            "gc": "garbage collector disabled during each compile + walk",
-        },
+        "method": METHOD,
         "vocabularies": {
             name: {
                 "path": str(context.path),
@@ -876,42 +942,11 @@ def main(arguments: list[str] | None = None) -> int:
             }
             for name, context in contexts.items()
         },
-        "grammars": [
-            {
-                "name": case.name,
-                "kind": case.kind,
-                "source": case.source,
-                "notes": case.notes,
-                "xgrammar_source": choices_gbnf(case.source) if case.kind == "choice" else None,
-                "llguidance_lark": (
-                    llguidance.lark_text(case) if isinstance(llguidance, LLGuidanceEngine) else None
-                ),
-                "texts": [
-                    {
-                        "text": text,
-                        "characters": len(text),
-                        "tokens": {name: len(c.tokens[text]) for name, c in contexts.items()},
-                    }
-                    for text in case.texts
-                ],
-            }
-            for case in cases
-        ],
+        "grammars": grammar_records(cases, contexts, engines.get("llguidance")),
         "summary": summaries,
         "raw": [vars(result) for result in results],
     }
-    output: Path = options.output
-    output.parent.mkdir(parents=True, exist_ok=True)
-    output.write_text(json.dumps(report, indent=1, ensure_ascii=False) + "\n")
-    markdown = output.with_suffix(".md")
-    machine = report["machine"]
-    markdown.write_text(
-        f"# Core benchmark\n\n`{report['command']}` on {machine['cpu_model']} "
-        f"({machine['cpu_count']} cores), Python {machine['python']}; "
-        f"engines: {report['engine_versions']}. Repeat {options.repeat}, every walk on a "
-        "fresh compile (see bench/README.md).\n\n" + table
-    )
-    progress(f"wrote {output} and {markdown} in {report['elapsed_s']:.0f} s")
+    write_report(report, options.output, table, options.repeat)
     return 0
 
 

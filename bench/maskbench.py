@@ -246,25 +246,30 @@ def summarize(
     schemas it compiled, and those an engine refuses are mostly the large ones).
 
     ``passing_with_instances`` counts over the schemas with at least one test instance
-    (``schemas_with_instances``): a schema without instances passes once it compiles."""
+    (``schemas_with_instances``): a schema without instances passes once it compiled."""
     chosen = [row for row in rows if row["vocabulary"] == vocabulary]
     results = [row["engines"][engine] for row in chosen]
-    with_instances = [row["engines"][engine] for row in chosen if row.get("instances", 1)]
     common = [
         row["engines"][engine]
-        for row in rows
-        if row["vocabulary"] == vocabulary
-        and all(row["engines"][name]["status"] == "compiled" for name in engines)
+        for row in chosen
+        if all(row["engines"][name]["status"] == "compiled" for name in engines)
     ]
-    common_ttfm = [result["ttfm_ms"] for result in common]
-    common_masks = [value for result in common for value in result["mask_ns"]]
-    common_accepts = [value for result in common for value in result["accept_ns"]]
+    return {
+        "engine": engine,
+        "vocabulary": vocabulary,
+        **_counts(engine, chosen, results),
+        **_times(results, ""),
+        "common_schemas": len(common),
+        **_times(common, "common_"),
+    }
+
+
+def _counts(engine: str, chosen: list[dict[str, Any]], results: list[dict[str, Any]]) -> dict:
+    """:func:`summarize`'s counts: schemas compiled, passing, instances refused or accepted,
+    failures."""
+    with_instances = [row["engines"][engine] for row in chosen if row.get("instances", 1)]
     compiled = [result for result in results if "ttfm_ms" in result]
     walked = [result for result in results if result["status"] == "compiled"]
-    ttfm = [result["ttfm_ms"] for result in compiled]
-    masks = [value for result in walked for value in result["mask_ns"]]
-    accepts = [value for result in walked for value in result["accept_ns"]]
-    first_walk_masks = [value for result in walked for value in result["first_walk_mask_ns"]]
 
     def total(name: str) -> int:
         return sum(len(result[name]) for result in walked)
@@ -272,9 +277,10 @@ def summarize(
     def mismatches(kind: str) -> int:
         return sum(text.startswith(kind) for result in walked for text in result["mismatches"])
 
+    def statuses(*names: str) -> int:
+        return sum(result["status"] in names for result in results)
+
     return {
-        "engine": engine,
-        "vocabulary": vocabulary,
         "schemas": len(results),
         "compiled": len(compiled),
         "compiled_with_warnings": sum(bool(result["warnings"]) for result in compiled),
@@ -288,7 +294,7 @@ def summarize(
         "passing": sum(passing(result) for result in results),
         "schemas_with_instances": len(with_instances),
         "passing_with_instances": sum(passing(result) for result in with_instances),
-        "unsupported": sum(result["status"] == "unsupported" for result in results),
+        "unsupported": statuses("unsupported"),
         "valid_instances": sum(result["valid"] for result in walked),
         "valid_refused": total("valid_refused"),
         "valid_flagged": total("valid_flagged"),
@@ -298,28 +304,39 @@ def summarize(
         "invalid_accepted": total("invalid_accepted"),
         "mask_unsound": mismatches("unsound"),
         "mask_stricter": mismatches("stricter"),
-        "crashes": sum(result["status"] in ("crash", "setup_error") for result in results),
-        "timeouts": sum(result["status"] in TIMEOUT_STATUSES for result in results),
-        "walk_timeouts": sum(result["status"] in WALK_TIMEOUT_STATUSES for result in results),
-        "limits": sum(result["status"] in ("limit", "walk_limit") for result in results),
+        "crashes": statuses("crash", "setup_error"),
+        "timeouts": statuses(*TIMEOUT_STATUSES),
+        "walk_timeouts": statuses(*WALK_TIMEOUT_STATUSES),
+        "limits": statuses("limit", "walk_limit"),
+    }
+
+
+def _times(results: list[dict[str, Any]], prefix: str) -> dict[str, Any]:
+    """:func:`summarize`'s times over ``results``, their keys prefixed: time to first mask
+    over the schemas compiled; masks, first-walk masks and accepts over those walked (the
+    common set's keeps the columns the README compares)."""
+    ttfm = [result["ttfm_ms"] for result in results if "ttfm_ms" in result]
+    walked = [result for result in results if result["status"] == "compiled"]
+    masks = [value for result in walked for value in result["mask_ns"]]
+    accepts = [value for result in walked for value in result["accept_ns"]]
+    times: dict[str, Any] = {
         "ttfm_p50_ms": statistics.median(ttfm) if ttfm else None,
         "ttfm_p99_ms": float(np.percentile(ttfm, 99)) if ttfm else None,
-        "ttfm_max_ms": max(ttfm) if ttfm else None,
         "mask_p50_us": _percentile_us(masks, 50),
         "mask_p99_us": _percentile_us(masks, 99),
-        "mask_max_us": max(masks) / 1e3 if masks else None,
         "accept_p50_us": _percentile_us(accepts, 50),
-        "masks_measured": len(masks),
-        "first_walk_mask_p50_us": _percentile_us(first_walk_masks, 50),
-        "first_walk_mask_p99_us": _percentile_us(first_walk_masks, 99),
-        "first_walk_masks_measured": len(first_walk_masks),
-        "common_schemas": len(common),
-        "common_ttfm_p50_ms": statistics.median(common_ttfm) if common_ttfm else None,
-        "common_ttfm_p99_ms": float(np.percentile(common_ttfm, 99)) if common_ttfm else None,
-        "common_mask_p50_us": _percentile_us(common_masks, 50),
-        "common_mask_p99_us": _percentile_us(common_masks, 99),
-        "common_accept_p50_us": _percentile_us(common_accepts, 50),
     }
+    if not prefix:
+        first_walk = [value for result in walked for value in result["first_walk_mask_ns"]]
+        times |= {
+            "ttfm_max_ms": max(ttfm) if ttfm else None,
+            "mask_max_us": max(masks) / 1e3 if masks else None,
+            "masks_measured": len(masks),
+            "first_walk_mask_p50_us": _percentile_us(first_walk, 50),
+            "first_walk_mask_p99_us": _percentile_us(first_walk, 99),
+            "first_walk_masks_measured": len(first_walk),
+        }
+    return {prefix + key: value for key, value in times.items()}
 
 
 def compiled_cell(row: dict[str, Any]) -> str:
@@ -437,59 +454,57 @@ def parse_arguments(arguments: list[str] | None) -> argparse.Namespace:
     return options
 
 
-def main(arguments: list[str] | None = None) -> int:
-    options = parse_arguments(arguments)
-    files = select_files(options.data, options.sample, options.limit)
-    started = time.perf_counter()
+def run_vocabulary(
+    vocabulary_name: str, files: list[Path], options: argparse.Namespace
+) -> tuple[dict[str, Any], list[dict[str, Any]], dict[str, dict[str, Any]]]:
+    """Every file's schema on every engine with one vocabulary, each engine in its worker
+    process: the vocabulary's description, a row per file, and each worker's record."""
+    progress(f"{vocabulary_name}: loading the tokenizer, starting the engines ...")
+    description, tokenizer, token_bytes = vocabulary_setup(vocabulary_name)
+    description["roundtrip_problems"] = []
     rows: list[dict[str, Any]] = []
-    vocabularies: dict[str, dict[str, Any]] = {}
-    workers: dict[str, dict[str, Any]] = {}
-    for vocabulary_name in options.vocabularies:
-        progress(f"{vocabulary_name}: loading the tokenizer, starting the engines ...")
-        description, tokenizer, token_bytes = vocabulary_setup(vocabulary_name)
-        description["roundtrip_problems"] = []
-        vocabularies[vocabulary_name] = description
-        pool = {name: Worker(name, description) for name in options.engines}
-        for position, path in enumerate(files, 1):
-            document = json.loads(path.read_text(encoding="utf-8"))
-            job, problems = make_job(document, tokenizer, token_bytes, description["eos_id"])
-            description["roundtrip_problems"] += [f"{path.name} {text}" for text in problems]
-            row = {
+    pool = {name: Worker(name, description) for name in options.engines}
+    for position, path in enumerate(files, 1):
+        document = json.loads(path.read_text(encoding="utf-8"))
+        job, problems = make_job(document, tokenizer, token_bytes, description["eos_id"])
+        description["roundtrip_problems"] += [f"{path.name} {text}" for text in problems]
+        # The engines take turns to go first: a compile pays for what ran just before it
+        # (formline's TTFM was 0.23-0.28 ms over its own alone when it always followed
+        # XGrammar's walk of the schema before), so each engine gets each place equally.
+        names = list(pool)
+        turn = (position - 1) % len(names)
+        results = {
+            name: pool[name].run(job, options.timeout, options.walk_timeout)
+            for name in names[turn:] + names[:turn]
+        }
+        rows.append(
+            {
                 "file": path.name,
                 "subset": subset_of(path.name),
                 "vocabulary": vocabulary_name,
                 "instances": len(job["instances"]),
+                "engines": {name: results[name] for name in names},
             }
-            # The engines take turns to go first: a compile pays for what ran just before it
-            # (formline's TTFM was 0.23-0.28 ms over its own alone when it always followed
-            # XGrammar's walk of the schema before), so each engine gets each place equally.
-            names = list(pool)
-            turn = (position - 1) % len(names)
-            results = {
-                name: pool[name].run(job, options.timeout, options.walk_timeout)
-                for name in names[turn:] + names[:turn]
-            }
-            row["engines"] = {name: results[name] for name in names}
-            rows.append(row)
-            cells = "; ".join(progress_cell(name, row["engines"][name]) for name in pool)
-            progress(f"[{position}/{len(files)}] {vocabulary_name} {path.name}: {cells}")
-        for name, worker in pool.items():
-            if worker.process is not None:
-                worker.conn.send(None)
-            worker.stop()
-            workers[f"{name}/{vocabulary_name}"] = {
-                **worker.info,
-                "setup_error": worker.setup_error,
-                "restarts": worker.restarts,
-            }
-    summaries = [
-        summarize(rows, engine, vocabulary, options.engines)
-        for vocabulary in options.vocabularies
-        for engine in options.engines
-    ]
-    table = markdown(summaries, rows, options.engines)
-    print(table)
-    for row in rows:  # raw timings stay out of the JSON; their summaries go in
+        )
+        cells = "; ".join(progress_cell(name, results[name]) for name in pool)
+        progress(f"[{position}/{len(files)}] {vocabulary_name} {path.name}: {cells}")
+    workers: dict[str, dict[str, Any]] = {}
+    for name, worker in pool.items():
+        if worker.process is not None:
+            worker.conn.send(None)
+        worker.stop()
+        workers[f"{name}/{vocabulary_name}"] = {
+            **worker.info,
+            "setup_error": worker.setup_error,
+            "restarts": worker.restarts,
+        }
+    return description, rows, workers
+
+
+def summarize_timings(rows: list[dict[str, Any]]) -> None:
+    """Replace each result's raw timings by their summaries (the raw ones stay out of the
+    JSON)."""
+    for row in rows:
         for result in row["engines"].values():
             for name in ("mask_ns", "accept_ns", "first_walk_mask_ns"):
                 values = result.pop(name, [])
@@ -500,6 +515,51 @@ def main(arguments: list[str] | None = None) -> int:
                     "over_500": sum(value > 500_000 for value in values),
                     "max": max(values) / 1e3 if values else None,
                 }
+
+
+def write_report(report: dict[str, Any], output: Path, table: str, data: Path) -> None:
+    """``report`` as JSON at ``output`` and its tables as Markdown beside it."""
+    output.parent.mkdir(parents=True, exist_ok=True)
+    output.write_text(json.dumps(report, indent=1, ensure_ascii=False) + "\n")
+    machine = report["machine"]
+    versions = ", ".join(
+        sorted(
+            {
+                f"{key.split('/')[0]} {value.get('version', '?')}"
+                for key, value in report["workers"].items()
+            }
+        )
+    )
+    output.with_suffix(".md").write_text(
+        f"# MaskBench\n\n`{report['command']}`: {report['files']} schemas from `{data}` on "
+        f"{machine['cpu_model']} ({machine['cpu_count']} cores), Python {machine['python']}, "
+        f"{report['elapsed_s']:.0f} s; {versions}.\n\n" + table
+    )
+    progress(f"wrote {output} and its .md in {report['elapsed_s']:.0f} s")
+
+
+def main(arguments: list[str] | None = None) -> int:
+    options = parse_arguments(arguments)
+    files = select_files(options.data, options.sample, options.limit)
+    started = time.perf_counter()
+    rows: list[dict[str, Any]] = []
+    vocabularies: dict[str, dict[str, Any]] = {}
+    workers: dict[str, dict[str, Any]] = {}
+    for vocabulary_name in options.vocabularies:
+        description, vocabulary_rows, vocabulary_workers = run_vocabulary(
+            vocabulary_name, files, options
+        )
+        vocabularies[vocabulary_name] = description
+        rows += vocabulary_rows
+        workers |= vocabulary_workers
+    summaries = [
+        summarize(rows, engine, vocabulary, options.engines)
+        for vocabulary in options.vocabularies
+        for engine in options.engines
+    ]
+    table = markdown(summaries, rows, options.engines)
+    print(table)
+    summarize_timings(rows)
     report: dict[str, Any] = {
         "command": " ".join(["python -m bench.maskbench", *(arguments or sys.argv[1:])]),
         "data": _shown(options.data),
@@ -516,21 +576,7 @@ def main(arguments: list[str] | None = None) -> int:
         "summary": summaries,
         "schemas": rows,
     }
-    output: Path = options.output
-    output.parent.mkdir(parents=True, exist_ok=True)
-    output.write_text(json.dumps(report, indent=1, ensure_ascii=False) + "\n")
-    machine = report["machine"]
-    versions = ", ".join(
-        sorted(
-            {f"{key.split('/')[0]} {value.get('version', '?')}" for key, value in workers.items()}
-        )
-    )
-    output.with_suffix(".md").write_text(
-        f"# MaskBench\n\n`{report['command']}`: {len(files)} schemas from `{options.data}` on "
-        f"{machine['cpu_model']} ({machine['cpu_count']} cores), Python {machine['python']}, "
-        f"{report['elapsed_s']:.0f} s; {versions}.\n\n" + table
-    )
-    progress(f"wrote {output} and its .md in {report['elapsed_s']:.0f} s")
+    write_report(report, options.output, table, options.data)
     return 0
 
 

@@ -306,50 +306,7 @@ def run_schema(
         result["compile_ms"] = (compiled_at - started) / 1e6
         result["details"] = engine.compile_details(compiled)
         conn.send(("compiled", result))
-        counts = dict.fromkeys(("valid", "invalid", "invalid_refused", "invalid_caught"), 0)
-        lists: dict[str, list[Any]] = {
-            name: []
-            for name in ("valid_refused", "valid_flagged", "invalid_accepted", "mismatches")
-        }
-        masks: list[int] = []
-        accepts: list[int] = []
-        first_walk_masks: list[int] = []
-        for index, instance in enumerate(job["instances"]):
-            valid = instance["valid"]
-            counts["valid" if valid else "invalid"] += 1
-            mismatches: list[str] = []
-            instance_masks: list[int] = []
-            instance_accepts: list[int] = []
-            refusal = walk(
-                engine,
-                engine.new_matcher(compiled),
-                bitmask,
-                instance["tokens"],
-                job["eos_id"],
-                instance_masks,
-                instance_accepts,
-                mismatches,
-            )
-            if valid:  # the mask and accept figures are over the valid instances' steps
-                masks += instance_masks
-                accepts += instance_accepts
-            if index == 0:
-                first_walk_masks = instance_masks
-            lists["mismatches"] += [f"{text} (test #{index})" for text in mismatches]
-            checked = None if refusal else engine.after_check(compiled, instance["data"])
-            if valid and refusal:
-                lists["valid_refused"].append(f"test #{index}: {refusal}")
-            elif valid and checked:
-                lists["valid_flagged"].append(f"test #{index}: {short('; '.join(checked))}")
-            elif not valid and refusal:
-                counts["invalid_refused"] += 1
-            elif not valid and checked:
-                counts["invalid_caught"] += 1
-            elif not valid:
-                lists["invalid_accepted"].append(f"test #{index}: {instance['description']}")
-        result.update(
-            counts, **lists, mask_ns=masks, accept_ns=accepts, first_walk_mask_ns=first_walk_masks
-        )
+        result.update(walk_instances(engine, compiled, bitmask, job))
     except engine.limit_errors as error:  # the engine's own limit, met by a mask or a step
         status = "walk_limit" if "ttfm_ms" in result else "limit"
         result.update(status=status, error=short(f"{type(error).__name__}: {error}"))
@@ -358,6 +315,57 @@ def run_schema(
     finally:
         gc.enable()
     return result
+
+
+def walk_instances(
+    engine: SchemaEngine, compiled: Any, bitmask: Any, job: dict[str, Any]
+) -> dict[str, Any]:
+    """Walk each of ``job``'s instances on a new matcher of ``compiled``: the counts of valid
+    and invalid instances, refused or caught after, the lists of what went wrong, and the
+    mask and accept times (over the valid instances' steps; ``first_walk_mask_ns``: the
+    first instance's masks, valid or not).
+
+    Raises:
+        Whatever the engine raises for its own limits (``run_schema`` sorts them)."""
+    counts = dict.fromkeys(("valid", "invalid", "invalid_refused", "invalid_caught"), 0)
+    lists: dict[str, list[Any]] = {
+        name: [] for name in ("valid_refused", "valid_flagged", "invalid_accepted", "mismatches")
+    }
+    times: dict[str, list[int]] = {"mask_ns": [], "accept_ns": [], "first_walk_mask_ns": []}
+    for index, instance in enumerate(job["instances"]):
+        valid = instance["valid"]
+        counts["valid" if valid else "invalid"] += 1
+        mismatches: list[str] = []
+        instance_masks: list[int] = []
+        instance_accepts: list[int] = []
+        refusal = walk(
+            engine,
+            engine.new_matcher(compiled),
+            bitmask,
+            instance["tokens"],
+            job["eos_id"],
+            instance_masks,
+            instance_accepts,
+            mismatches,
+        )
+        if valid:  # the mask and accept figures are over the valid instances' steps
+            times["mask_ns"] += instance_masks
+            times["accept_ns"] += instance_accepts
+        if index == 0:
+            times["first_walk_mask_ns"] = instance_masks
+        lists["mismatches"] += [f"{text} (test #{index})" for text in mismatches]
+        checked = None if refusal else engine.after_check(compiled, instance["data"])
+        if valid and refusal:
+            lists["valid_refused"].append(f"test #{index}: {refusal}")
+        elif valid and checked:
+            lists["valid_flagged"].append(f"test #{index}: {short('; '.join(checked))}")
+        elif not valid and refusal:
+            counts["invalid_refused"] += 1
+        elif not valid and checked:
+            counts["invalid_caught"] += 1
+        elif not valid:
+            lists["invalid_accepted"].append(f"test #{index}: {instance['description']}")
+    return {**counts, **lists, **times}
 
 
 def worker_main(conn: Connection, engine_name: str, vocabulary: dict[str, Any]) -> None:

@@ -11,6 +11,7 @@ import pytest
 
 from formline.pipeline.escape_hatches import apply_escape_hatches
 from formline.schema import compile_schema
+from formline.schema.report import SchemaError
 
 
 def required(field: dict[str, Any], **extra: Any) -> dict[str, Any]:
@@ -58,3 +59,24 @@ def test_a_const_named_by_path_becomes_nullable(smollm2_vocab: Any) -> None:
     hatched = apply_escape_hatches(required({"type": "string", "const": "x"}), ["k"])
     compiled = compile_schema(hatched, smollm2_vocab, disk_cache=False)
     assert compiled.check({"k": None}) == [] and compiled.check({"k": "y"}) != []
+
+
+def test_the_reason_key_passes_the_objects_property_names(smollm2_vocab: Any) -> None:
+    # propertyNames refused "k_other": the grammar and the after-check refused the reason
+    # the hatch had added, and nothing said so.
+    schema = required({"type": "string", "enum": ["a", "b"]}, propertyNames={"maxLength": 2})
+    hatched = apply_escape_hatches(schema, True)
+    compiled = compile_schema(hatched, smollm2_vocab, disk_cache=False)
+    instance = {"k": "other", "k_other": "c"}
+    assert compiled.check(instance) == []
+    assert compiled.matcher().accept_string(json.dumps(instance, separators=(",", ":")))
+    assert compiled.check({"k": "a", "xyz": 1}) != []  # other long names stay refused
+
+
+def test_a_reason_key_that_a_pattern_property_would_judge_is_named() -> None:
+    schema = required(
+        {"type": "string", "enum": ["a", "b"]},
+        patternProperties={"_other$": {"type": "integer"}},
+    )
+    with pytest.raises(SchemaError, match=r"'k_other' matches patternProperties '_other\$'"):
+        apply_escape_hatches(schema, True)

@@ -43,6 +43,8 @@ DEFAULT_REASON_FIELD = "{field}_other"
 REASON_DESCRIPTION = "Only when {field} is 'other': what it is instead, in a few words."
 
 Slot = tuple[dict[str, Any], str]  # a properties dict and one of its keys
+# An object schema (the node holding "properties") and one of its property names.
+HeldSlot = tuple[dict[str, Any], str]
 
 
 def make_nullable(schema: dict[str, Any], field_paths: Iterable[str]) -> dict[str, Any]:
@@ -81,7 +83,8 @@ def add_other_option(
     """
     result = copy.deepcopy(schema)
     for path in field_paths:
-        for properties, name in _slots(result, path):
+        for holder, name in _held_slots(result, path):
+            properties = holder["properties"]
             field_schema = _inline(result, properties[name])
             if not is_string_enum(field_schema):
                 raise SchemaError(f"field {path!r} is not a string enum: cannot add 'other'")
@@ -90,7 +93,40 @@ def add_other_option(
                 raise SchemaError(f"field {path!r}: the reason property {reason!r} exists")
             properties[name] = _with_other(field_schema)
             _insert_after(properties, name, reason, _reason_schema(name))
+            _admit_name(holder, reason, path)
     return result
+
+
+def _admit_name(holder: dict[str, Any], reason: str, path: str) -> None:
+    """Let the object ``holder`` hold the added property ``reason``: a ``propertyNames``
+    that refuses it gains it as a ``const`` branch (before, the grammar and the after-check
+    refused the key the hatch had asked for, silently).
+
+    Raises:
+        SchemaError: a ``patternProperties`` pattern matches ``reason`` (its schema would
+            judge the free-text reason too).
+    """
+    names = holder.get("propertyNames")
+    if names is not None and not _is_valid(names, reason):
+        holder["propertyNames"] = {"anyOf": [names, {"const": reason}]}
+    for pattern in holder.get("patternProperties") or {}:
+        try:
+            matches = re.search(pattern, reason) is not None
+        except re.error:  # an ECMA-only pattern: the compiler names it
+            continue
+        if matches:
+            raise SchemaError(
+                f"field {path!r}: the reason property {reason!r} matches patternProperties "
+                f"{pattern!r}; name it otherwise (reason_field)"
+            )
+
+
+def _is_valid(subschema: Any, value: Any) -> bool:
+    """Whether ``subschema`` (read alone: a ``$ref`` in it counts as refusing) takes ``value``."""
+    try:
+        return bool(Draft202012Validator(with_python_patterns(subschema)[0]).is_valid(value))
+    except (Unresolvable, RecursionError, ValueError, re.error):
+        return False
 
 
 def hatch_fields(schema: dict[str, Any]) -> tuple[list[str], list[str]]:
@@ -180,13 +216,9 @@ def _with_other(field_schema: dict[str, Any]) -> dict[str, Any]:
     if OTHER in field_schema["enum"]:
         return field_schema
     widened = {**field_schema, "enum": [*field_schema["enum"], OTHER]}
-    try:
-        takes_other = Draft202012Validator(with_python_patterns(widened)[0]).is_valid(OTHER)
-    except (Unresolvable, RecursionError, ValueError, re.error):
-        # A $ref inside the field (an allOf's) names the root, not this field: a branch of
-        # its own takes "other" whatever the reference says.
-        takes_other = False
-    if takes_other:
+    # A $ref inside the field (an allOf's) names the root, not this field: read as refusing,
+    # "other" gets a branch of its own, taken whatever the reference says.
+    if _is_valid(widened, OTHER):
         return widened
     kept = {key: field_schema[key] for key in ANNOTATIONS if key in field_schema}
     rest = {key: value for key, value in field_schema.items() if key not in kept}
@@ -209,33 +241,40 @@ def _insert_after(properties: dict[str, Any], anchor: str, key: str, value: Any)
 def _slots(root: dict[str, Any], path: str) -> list[Slot]:
     """Every (properties dict, name) that ``path`` reaches inside ``root`` (a copy we may
     change: the ``$ref`` s on the way are inlined)."""
+    return [(holder["properties"], name) for holder, name in _held_slots(root, path)]
+
+
+def _held_slots(root: dict[str, Any], path: str) -> list[HeldSlot]:
+    """:func:`_slots` with each properties dict's object schema in its place."""
     names = [name for name in re.sub(r"\[[0-9]*\]", "", path).split(".") if name]
     if not names:
         raise SchemaError(f"empty field path {path!r}")
     holders = [root]
-    found: list[Slot] = []
+    found: list[HeldSlot] = []
     for depth, name in enumerate(names):
         found = [
-            (properties, name)
+            (objects, name)
             for holder in holders
-            for properties in _property_maps(root, holder)
-            if name in properties
+            for objects in _property_holders(root, holder)
+            if name in objects["properties"]
         ]
         if not found:
             raise SchemaError(f"no field {path!r} in the schema (at {name!r})")
         if depth < len(names) - 1:
             holders = []
-            for properties, key in found:
+            for objects, key in found:
+                properties = objects["properties"]
                 properties[key] = _inline(root, properties[key])
                 holders.append(properties[key])
     return found
 
 
-def _property_maps(
+def _property_holders(
     root: dict[str, Any], node: Any, visiting: frozenset[str] = frozenset()
 ) -> Iterator[dict[str, Any]]:
-    """The ``properties`` dicts of ``node``, crossing arrays, ``$ref`` s (inlined in place,
-    once per reference on the way) and the branches of ``anyOf`` / ``oneOf`` / ``allOf``."""
+    """The object schemas with a ``properties`` dict in ``node``, crossing arrays, ``$ref`` s
+    (inlined in place, once per reference on the way) and the branches of ``anyOf`` /
+    ``oneOf`` / ``allOf``."""
     if not isinstance(node, dict):
         return
     if "$ref" in node:
@@ -246,13 +285,13 @@ def _property_maps(
         node.clear()
         node.update(inlined)
     if isinstance(node.get("properties"), dict):
-        yield node["properties"]
+        yield node
     if isinstance(node.get("items"), dict):
-        yield from _property_maps(root, node["items"], visiting)
+        yield from _property_holders(root, node["items"], visiting)
     for keyword in BRANCH_KEYWORDS:
         branches = node.get(keyword)
         for branch in branches if isinstance(branches, list) else []:
-            yield from _property_maps(root, branch, visiting)
+            yield from _property_holders(root, branch, visiting)
 
 
 def _inline(root: dict[str, Any], node: Any) -> Any:

@@ -8,6 +8,7 @@ checking on), so what the grammar could not enforce is still caught.
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import re
@@ -337,9 +338,7 @@ def _validator(schema: dict[str, Any] | bool) -> Any:
     return cls(schema, format_checker=format_checker(cls))
 
 
-_NULLABLE_CLASSES: dict[Any, Any] = {}
-
-
+@functools.cache
 def _with_nullable(cls: Any) -> Any:
     """``cls`` where a ``null`` beside ``"nullable": true`` (OpenAPI 3.0's form, which the
     grammar writes: ``values.typed_value``) passes ``type`` and the applicators next to it
@@ -347,16 +346,13 @@ def _with_nullable(cls: Any) -> Any:
     ``const`` unchanged, as in OpenAPI 3.0.3. Without it every ``null`` the grammar allowed
     failed the after-check. Made once per draft. (A ``$ref`` into a resource with its own
     ``$schema`` is validated by that draft's stock class.)"""
-    extended = _NULLABLE_CLASSES.get(cls)
-    if extended is None:
-        keywords = ("type", "allOf", "anyOf", "oneOf", "$ref")
-        wrapped = {
-            keyword: _passing_null(cls.VALIDATORS[keyword])
-            for keyword in keywords
-            if keyword in cls.VALIDATORS
-        }
-        extended = _NULLABLE_CLASSES[cls] = extend(cls, wrapped)
-    return extended
+    keywords = ("type", "allOf", "anyOf", "oneOf", "$ref")
+    wrapped = {
+        keyword: _passing_null(cls.VALIDATORS[keyword])
+        for keyword in keywords
+        if keyword in cls.VALIDATORS
+    }
+    return extend(cls, wrapped)
 
 
 def _passing_null(base: Any) -> Any:
