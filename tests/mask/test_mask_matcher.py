@@ -14,6 +14,7 @@ from formline.automata import AutomatonLimitError
 from formline.grammar import Grammar
 from formline.grammar.budget import CompileBudget
 from formline.mask import (
+    BatchGrammarMatcher,
     GrammarMatcher,
     TokenError,
     allocate_token_bitmask,
@@ -25,6 +26,7 @@ from formline.mask import (
 from formline.mask import bitmask as bitmask_module
 from formline.mask.bitmask import apply_token_bitmask_reference
 from formline.mask.reference import brute_force_allowed_ids
+from formline.schema import compile_schema
 from formline.vocab import Vocabulary
 
 VOCABULARY = synthetic_vocabulary()
@@ -282,3 +284,66 @@ def test_mask_equals_brute_force_on_a_recursive_grammar() -> None:
         np.testing.assert_array_equal(matcher.allowed_token_ids(), brute_force_allowed_ids(matcher))
         assert matcher.accept_token(token_id)
     assert matcher.can_end()
+
+
+def test_a_token_id_given_as_a_tensor_or_numpy_int_is_read_as_its_int() -> None:
+    # A 0-d tensor passed the range check but hashed by identity: the stop token was
+    # refused at the end (the README's sampling loop), and each call cached a new step.
+    torch = pytest.importorskip("torch")
+    matcher = matcher_for(Grammar.from_regex(r"ab"))
+    steps = matcher.compiled.kernel.steps
+    assert matcher.accept_token(torch.tensor(TOKEN[b"a"]))
+    assert matcher.accept_token(np.int64(TOKEN[b"b"]))
+    assert matcher.accept_token(torch.tensor(0)) and matcher.is_terminated()
+    cached = len(steps)
+    for _ in range(5):
+        again = matcher_for(Grammar.from_regex(r"ab"))
+        assert again.accept_token(torch.tensor(TOKEN[b"a"]))
+    assert len(steps) == cached  # one entry per (configuration, token), not per call
+
+
+def test_xgrammars_minus_one_keeps_every_step_for_rollback() -> None:
+    compiled = compile_grammar(Grammar.from_regex(r"abc"), VOCABULARY, disk_cache=False)
+    matcher = GrammarMatcher(compiled, max_rollback_tokens=-1)  # XGrammar's "unlimited"
+    assert matcher.accept_token(TOKEN[b"a"]) and matcher.accept_token(TOKEN[b"b"])
+    matcher.rollback(2)  # the history was emptied at every step
+    assert matcher.accept_token(TOKEN[b"a"])
+    with pytest.raises(TypeError):
+        GrammarMatcher(compiled, max_rollback_tokens=2.5)  # type: ignore[arg-type]
+
+
+def test_accept_tokens_reads_an_iterator_and_refuses_non_integers_first() -> None:
+    matcher = matcher_for(Grammar.from_regex(r"ab"))
+    # The check used the iterator up: nothing was walked and the answer was True.
+    assert not matcher.accept_tokens(iter([TOKEN[b"b"]]))
+    assert matcher.accept_tokens(token for token in [TOKEN[b"a"], TOKEN[b"b"]])
+    other = matcher_for(Grammar.from_regex(r"ab"))
+    with pytest.raises(TypeError):
+        other.accept_tokens([TOKEN[b"a"], float(TOKEN[b"b"])])
+    assert other.accept_token(TOKEN[b"a"])  # nothing was taken before the error
+
+
+def test_a_compiled_schema_is_taken_and_a_wrong_object_named() -> None:
+    schema = compile_schema({"type": "boolean"}, VOCABULARY, disk_cache=False)
+    assert GrammarMatcher(schema).accept_string("true")  # XGrammar's idiom
+    with pytest.raises(TypeError, match="not str"):
+        GrammarMatcher("true")  # type: ignore[arg-type]
+
+
+def test_a_state_of_another_grammar_is_an_error_not_a_crash() -> None:
+    small = compile_grammar(Grammar.from_regex(r"a"), VOCABULARY, disk_cache=False)
+    with pytest.raises(ValueError, match="outside this grammar's"):
+        small.mask_words(frozenset({(999_999,)}), False)  # was a segmentation fault
+    with pytest.raises(ValueError, match="outside this grammar's"):
+        small.advance_bytes(frozenset({(0, 41)}), b"a")
+    with pytest.raises(ValueError, match="empty stack"):
+        small.mask_words(frozenset({()}), False)
+
+
+def test_the_batch_reads_token_ids_as_accept_token_does() -> None:
+    batch = BatchGrammarMatcher(max_threads=1)
+    matcher = matcher_for(Grammar.from_regex(r"ab"))
+    for wrong in (float(TOKEN[b"a"]) + 0.9, str(TOKEN[b"a"])):  # int() took them as "a"
+        with pytest.raises(TypeError):
+            batch.batch_accept_token([matcher], [wrong])
+    assert batch.batch_accept_token([matcher], [np.int32(TOKEN[b"a"])]) == [True]

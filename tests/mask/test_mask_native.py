@@ -27,7 +27,7 @@ from formline.mask import (
 from formline.mask.bitmask import bitmask_to_ids
 from formline.mask.compiled import CompiledGrammar
 from formline.mask.reference import brute_force_allowed_ids
-from formline.native import NativeMaskKernel, fill_masks
+from formline.native import NativeMaskKernel, NativeTokenTable, fill_masks
 from formline.parser.pushdown import ParserLimitError
 from formline.vocab import Vocabulary
 from formline.vocab.fixtures import fixture_path
@@ -636,3 +636,19 @@ def test_the_step_cache_is_bounded_and_a_limit_is_not_cached() -> None:
             matcher.accept_token(3)
         assert matcher.state_key() == before
         assert (before[0], 3) not in compiled.kernel.steps
+
+
+def test_a_token_table_read_past_its_data_or_vocabulary_is_refused() -> None:
+    data = np.frombuffer(b"ab", np.uint8)
+
+    def table(offset: int, length: int, token: int) -> NativeTokenTable:
+        ids = np.array([token], np.int32)
+        return NativeTokenTable(
+            data, np.array([offset], np.int64), np.array([length], np.int32), ids, 10
+        )
+
+    with pytest.raises(ValueError, match="outside the data"):  # were segmentation faults
+        table(1, 5, 3)
+    with pytest.raises(ValueError, match="outside the vocabulary"):
+        table(0, 2, 50_000_000)
+    assert table(0, 2, 3).vocabulary_size == 10

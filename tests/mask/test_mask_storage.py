@@ -182,3 +182,42 @@ def test_a_caller_waiting_for_the_same_compile_keeps_its_own_budget() -> None:
         compile_schema(schema, VOCABULARY, cache=cache, budget=CompileBudget(seconds=0.05))
     thread.join(timeout=300)
     assert first and first[0].matcher().accept_string('{"p0":1}')
+
+
+@pytest.mark.skipif(not hasattr(os, "symlink"), reason="symbolic links")
+def test_a_link_planted_under_the_writers_name_is_not_followed(tmp_path: Path) -> None:
+    # The temporary file's name was the key, the pid and the thread: a link planted there
+    # by anyone who may write to the folder was followed, and the entry overwrote its target.
+    cache_folder = tmp_path / "cache"
+    compile_grammar(LETTERS, VOCABULARY, disk_cache=cache_folder)
+    (entry,) = cache_folder.glob("*.npz")
+    entry.unlink()
+    victim = tmp_path / "victim.txt"
+    victim.write_bytes(b"the user's own file")
+    planted = cache_folder / f"{entry.stem}.{os.getpid()}.{threading.get_ident()}.tmp"
+    os.symlink(victim, planted)
+    assert_rebuilt_and_right(cache_folder)
+    assert victim.read_bytes() == b"the user's own file"
+    assert entry.is_file() and not entry.is_symlink()
+
+
+def test_the_eviction_leaves_files_the_cache_did_not_write(tmp_path: Path) -> None:
+    # A disk_cache folder shared with the user's files lost every *.pickle, *.npz and *.tmp.
+    foreign = {
+        "model.pickle": b"user data",
+        "embeddings.npz": b"PK arrays",
+        "draft.tmp": b"notes",
+        f"{'0' * 63}.npz": b"a key one digit short",
+    }
+    for name, data in foreign.items():
+        (tmp_path / name).write_bytes(data)
+        os.utime(tmp_path / name, (1_000_000, 1_000_000))  # older than any entry, stale
+    stale_writer = tmp_path / f"{'a' * 64}.123.456.tmp"
+    stale_writer.write_bytes(b"a crashed writer's part")
+    os.utime(stale_writer, (1_000_000, 1_000_000))
+    cache = CompileCache(disk_cache=tmp_path, disk_limit_bytes=1)
+    cache.compile(LETTERS, VOCABULARY)
+    assert {name: (tmp_path / name).read_bytes() for name in foreign} == foreign
+    assert not stale_writer.exists()
+    assert sorted(path.name for path in tmp_path.iterdir()) == sorted(foreign)  # its entry
+    # went too, past the limit

@@ -167,8 +167,9 @@ class BatchGrammarMatcher:
         """``[matcher.accept_token(token) ...]`` (the parser step is Python: no threads)."""
         if len(matchers) != len(token_ids):
             raise ValueError(f"{len(matchers)} matchers but {len(token_ids)} tokens")
+        # operator.index as accept_token reads ids: int() took 22.9 and "22" as token 22.
         return [
-            matcher.accept_token(int(token))
+            matcher.accept_token(operator.index(token))
             for matcher, token in zip(matchers, token_ids, strict=True)
         ]
 

@@ -15,6 +15,7 @@ from the current state without changing it; the caller accepts what it feeds.
 
 from __future__ import annotations
 
+import operator
 import sys
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -46,11 +47,25 @@ class GrammarMatcher(MatcherCore):
 
     Args:
         compiled: the compiled grammar (shared, read-only).
-        max_rollback_tokens: how many accepted tokens :meth:`rollback` can undo (``None``:
-            unlimited). Each kept step costs one tuple reference.
+        max_rollback_tokens: how many accepted tokens :meth:`rollback` can undo (``None`` or
+            a negative number, XGrammar's ``-1``: unlimited). Each kept step costs one tuple
+            reference.
+
+    Raises:
+        TypeError: ``compiled`` is not a compiled grammar, or ``max_rollback_tokens`` not an
+            integer.
     """
 
     def __init__(self, compiled: CompiledGrammar, max_rollback_tokens: int | None = None):
+        compiled = getattr(compiled, "compiled_grammar", compiled)  # a CompiledSchema
+        if not isinstance(compiled, CompiledGrammar):
+            raise TypeError(
+                f"GrammarMatcher takes a compiled grammar, not {type(compiled).__name__}"
+            )
+        if max_rollback_tokens is not None:
+            # -1, XGrammar's default, emptied the history at every step: no rollback at all.
+            limit = operator.index(max_rollback_tokens)
+            max_rollback_tokens = None if limit < 0 else limit
         super().__init__(compiled, max_rollback_tokens)
         self._automaton = compiled.automaton
         self.reset()
@@ -82,6 +97,9 @@ class GrammarMatcher(MatcherCore):
         Raises:
             TokenError: an id outside the vocabulary.
         """
+        # Ints once, before anything is accepted: an iterator was used up by the check and
+        # nothing accepted (True); a float whose int was a cached step was taken halfway.
+        token_ids = [operator.index(token_id) for token_id in token_ids]
         for token_id in token_ids:
             if not 0 <= token_id < self._vocabulary_size:
                 self._check_id(token_id)

@@ -25,8 +25,9 @@ import contextlib
 import io
 import json
 import os
+import re
 import stat
-import threading
+import tempfile
 import time
 import zipfile
 from pathlib import Path
@@ -52,6 +53,9 @@ from formline.vocab import Vocabulary
 FORMAT = "formline-compiled-grammar"
 FORMAT_VERSION = 3  # 3: the lazy automaton's build inputs (2: the whole eager automaton)
 SUFFIX = ".npz"
+TEMPORARY_SUFFIX = ".tmp"
+# The names the cache writes: an entry, a pickle of format 1, a writer's temporary file.
+CACHE_NAME = re.compile(r"[0-9a-f]{64}(?P<kind>\.npz|\.pickle|(?:\.[A-Za-z0-9_]+)+\.tmp)")
 STALE_SECONDS = 3600  # a temporary file this old belongs to no running writer
 ARRAYS = ("kind", "a", "b", "c", "children", "data", "range_pairs")  # FlatGrammar.arrays()
 DTYPES = (
@@ -240,12 +244,11 @@ def load(
     Costs one read of the file (at most :data:`MAX_ENTRY_BYTES`) and :func:`deserialize`."""
     path = directory / f"{key}{SUFFIX}"
     try:
-        status = path.stat()
-        if not stat.S_ISREG(status.st_mode) or status.st_size > MAX_ENTRY_BYTES:
-            _remove(path)  # a FIFO was opened and waited on for ever; /dev/zero read 3.7 GB
-            return None
-        data = path.read_bytes()
+        data = _read_entry(path)
     except OSError:
+        return None
+    if data is None:
+        _remove(path)  # a FIFO was opened and waited on for ever; /dev/zero read 3.7 GB
         return None
     try:
         compiled = deserialize(data, vocabulary, table, key, expected, deadline)
@@ -259,6 +262,23 @@ def load(
     return compiled
 
 
+def _read_entry(path: Path) -> bytes | None:
+    """The bytes of the regular file at ``path``, or ``None`` for anything else (a FIFO, a
+    device, a file over :data:`MAX_ENTRY_BYTES`). Opened once, not following a symbolic
+    link, without blocking, and judged by its descriptor: a check of the path before the
+    read could be raced (an entry swapped for a FIFO between the two hung ``load``).
+
+    Raises:
+        OSError: the file cannot be opened or read (a symbolic link: ELOOP)."""
+    descriptor = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOFOLLOW | os.O_CLOEXEC)
+    with os.fdopen(descriptor, "rb") as file:
+        status = os.fstat(descriptor)
+        if not stat.S_ISREG(status.st_mode) or status.st_size > MAX_ENTRY_BYTES:
+            return None
+        data = file.read(MAX_ENTRY_BYTES + 1)
+    return data if len(data) <= MAX_ENTRY_BYTES else None
+
+
 def _remove(path: Path) -> None:
     with contextlib.suppress(OSError):
         path.unlink()
@@ -267,29 +287,43 @@ def _remove(path: Path) -> None:
 def store(directory: Path, compiled: CompiledGrammar, limit_bytes: int) -> None:
     """Write the entry (atomically), then evict the least recently used entries past
     ``limit_bytes``. A read-only or full disk only costs the next process a recompile."""
-    temporary = directory / f"{compiled.key}.{os.getpid()}.{threading.get_ident()}.tmp"
+    temporary: Path | None = None
     try:
         directory.mkdir(parents=True, exist_ok=True)
-        temporary.write_bytes(serialize(compiled))
+        # A new file of a name no one could plant first: a predictable name was followed
+        # through a symbolic link planted under it, and the entry overwrote its target.
+        descriptor, name = tempfile.mkstemp(
+            suffix=TEMPORARY_SUFFIX, prefix=f"{compiled.key}.", dir=directory
+        )
+        temporary = Path(name)
+        with os.fdopen(descriptor, "wb") as file:
+            file.write(serialize(compiled))
         temporary.replace(directory / f"{compiled.key}{SUFFIX}")
         evict(directory, limit_bytes)
     except OSError:
-        _remove(temporary)  # a full disk left the partial file for an hour
+        if temporary is not None:
+            _remove(temporary)  # a full disk left the partial file for an hour
 
 
 def evict(directory: Path, limit_bytes: int) -> None:
     """Delete the least recently used entries until the directory holds ``limit_bytes``;
     also files no version reads any more (the pickles of format 1, which were never
-    evicted) and temporary files a crashed writer left over an hour ago."""
+    evicted) and temporary files a crashed writer left over an hour ago. Only names the
+    cache writes are touched (:data:`CACHE_NAME`): a ``disk_cache`` folder shared with
+    other files lost them all."""
     now = time.time()
-    for path in [*directory.glob("*.pickle"), *directory.glob("*.tmp")]:
-        try:
-            if path.suffix == ".pickle" or now - path.stat().st_mtime > STALE_SECONDS:
-                path.unlink()
-        except OSError:
-            continue
     entries = []
-    for path in directory.glob(f"*{SUFFIX}"):
+    for path in directory.iterdir():
+        match = CACHE_NAME.fullmatch(path.name)
+        if match is None:
+            continue
+        if match["kind"] != SUFFIX:
+            try:
+                if match["kind"] == ".pickle" or now - path.stat().st_mtime > STALE_SECONDS:
+                    path.unlink()
+            except OSError:
+                pass
+            continue
         try:
             status = path.stat()
         except OSError:

@@ -17,6 +17,8 @@ from cpython.object cimport PyObject
 from cython.operator cimport dereference
 from libc.string cimport memcpy, memset
 
+import operator
+
 cdef object _MISSING = object()  # a cached step may be None
 ctypedef PyObject* NodeAddress  # flatten_rules' key of a node object (a borrowed reference)
 
@@ -790,11 +792,19 @@ cdef class NativeTokenTable:
         int vocabulary_size,
     ):
         cdef int32_t count = ids.shape[0]
+        cdef int64_t data_length = data.shape[0]
+        cdef Py_ssize_t k
+        if offsets.shape[0] != count or lengths.shape[0] != count or vocabulary_size < 0:
+            raise ValueError("offsets, lengths and ids differ in length")
+        for k in range(count):  # read unchecked by the trie: a bad one was a crash
+            if not 0 <= ids[k] < vocabulary_size:
+                raise ValueError(f"token id {ids[k]} is outside the vocabulary's {vocabulary_size}")
+            if lengths[k] < 0 or offsets[k] < 0 or offsets[k] + lengths[k] > data_length:
+                raise ValueError(f"token {ids[k]}'s bytes lie outside the data")
         cdef const uint8_t* data_pointer = &data[0] if data.shape[0] else NULL
         cdef const int64_t* offsets_pointer = &offsets[0] if count else NULL
         cdef const int32_t* lengths_pointer = &lengths[0] if count else NULL
         cdef const int32_t* ids_pointer = &ids[0] if count else NULL
-        cdef int64_t data_length = data.shape[0]
         self.vocabulary_size = vocabulary_size
         with nogil:
             self.table = new_token_table(
@@ -814,17 +824,33 @@ cdef class NativeTokenTable:
         return self.table.trie.max_depth
 
 
-cdef void _flatten_configuration(object stacks, vector[int32_t]& flat):
+cdef int _flatten_configuration(object stacks, vector[int32_t]& flat,
+                                int32_t state_count) except -1:
     """Append a configuration (a frozenset of state tuples) to ``flat`` as the kernel reads
-    it: per stack, its length then its states (bottom first)."""
+    it: per stack, its length then its states (bottom first).
+
+    Raises:
+        ValueError: an empty stack, or a state outside the automaton's ``state_count`` made
+            so far (a state key of another grammar: the kernel read past its tables, a
+            segmentation fault or a mask of garbage)."""
     cdef tuple states
     cdef Py_ssize_t size, index
+    cdef int32_t state
     for stack in stacks:
         states = <tuple>stack
         size = len(states)
+        if size == 0:
+            raise ValueError("a configuration holds an empty stack")
         flat.push_back(<int32_t>size)
         for index in range(size):
-            flat.push_back(<int32_t>states[index])
+            state = states[index]
+            if not 0 <= state < state_count:
+                raise ValueError(
+                    f"state {state} is outside this grammar's {state_count} states "
+                    "(a parse state of another compiled grammar?)"
+                )
+            flat.push_back(state)
+    return 0
 
 
 cdef bint _is_same_configuration(Config& out, vector[int32_t]& flat):
@@ -885,7 +911,7 @@ cdef class NativeMaskKernel:
             raise ValueError(f"the output has {out.shape[0]} words, the mask needs {self.words}")
         cdef vector[int32_t] flat
         cdef int status
-        _flatten_configuration(stacks, flat)
+        _flatten_configuration(stacks, flat, self.automaton.automaton.get().size())
         cdef int32_t empty = 0
         cdef const int32_t* flat_pointer = flat.data() if flat.size() else &empty
         with nogil:
@@ -956,7 +982,7 @@ cdef class NativeMaskKernel:
         cdef vector[int32_t]* flat = &buffers.flat
         cdef Config* out = &buffers.out
         flat.clear()
-        _flatten_configuration(stacks, flat[0])
+        _flatten_configuration(stacks, flat[0], self.automaton.automaton.get().size())
         if length * flat.size() <= 512:
             # A token of a few bytes on a few stacks is well under a microsecond: releasing
             # and taking back the GIL costs part of it (a cold accept 1.11 -> 1.05 µs).
@@ -1062,7 +1088,9 @@ def fill_masks(list kernels, list configurations, list can_ends, list outputs, i
         if out.shape[0] < kernel.words:
             raise ValueError(f"output {k} has {out.shape[0]} words, the mask needs {kernel.words}")
         flat.clear()
-        _flatten_configuration(configurations[k], flat)
+        _flatten_configuration(
+            configurations[k], flat, kernel.automaton.automaton.get().size()
+        )
         job.add(kernel.kernel, move(flat), <cpp_bool>can_ends[k], &out[0])
     with nogil:
         status = job.run(max(1, threads))

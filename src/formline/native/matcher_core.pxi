@@ -44,6 +44,11 @@ cdef class MatcherCore:
         kernel caches steps), else O(token bytes x stacks).
         """
         cdef Py_ssize_t token
+        if type(token_id) is not int:
+            # An int from here on: a 0-d tensor passed the range check by __index__ but
+            # hashes by identity, so it missed the stop tokens (EOS refused) and added a
+            # step-cache entry per call.
+            token_id = operator.index(token_id)
         try:
             token = token_id
         except OverflowError:
