@@ -24,6 +24,7 @@ from formline.mask import (
     compile_grammar,
     storage,
 )
+from formline.mask import compiler as compiler_module
 from formline.mask.bitmask import bitmask_to_ids
 from formline.mask.compiled import CompiledGrammar
 from formline.mask.reference import brute_force_allowed_ids
@@ -652,3 +653,27 @@ def test_a_token_table_read_past_its_data_or_vocabulary_is_refused() -> None:
     with pytest.raises(ValueError, match="outside the vocabulary"):
         table(0, 2, 50_000_000)
     assert table(0, 2, 3).vocabulary_size == 10
+
+
+def test_entries_that_grew_are_dropped_on_reads_too(monkeypatch) -> None:
+    # A server with a fixed set of schemas stores nothing new: its grammars' masks grew
+    # past the limit and were never measured again (6.9 MB held under a 4 MB limit).
+    monkeypatch.setattr(compiler_module, "RECOUNT_SECONDS", 0.0)
+    sizes = {0: 1_000, 1: 1_000}
+    cache = CompileCache(cache_limit_bytes=10_000, disk_cache=False)
+    for k in sizes:
+        cache.memoize(("derived", k), lambda k=k: k, sizes.__getitem__)
+    sizes[0] = 9_500  # grew after it was stored
+    assert cache.memoize(("derived", 1), lambda: -1, sizes.__getitem__) == 1  # a read
+    assert cache.memory_bytes() <= 10_000
+    assert cache.memoize(("derived", 0), lambda: -1, lambda _: 0) == -1  # dropped
+
+
+def test_a_vocabularys_token_table_outlives_a_small_limit() -> None:
+    # Counted as nothing and kept in the grammars' LRU, the trie was dropped with them and
+    # built again at every compile under cache_limit_bytes=0.
+    cache = CompileCache(cache_limit_bytes=0, disk_cache=False)
+    table = cache.token_table(VOCABULARY)
+    for k in range(3):
+        cache.compile(Grammar.from_regex(f"t{k}[a-z]+"), VOCABULARY)
+    assert cache.token_table(VOCABULARY) is table
