@@ -196,8 +196,9 @@ def test_pathological_patterns_end_in_bounded_time() -> None:
     with pytest.raises(GrammarError, match="chained too deeply"):
         python_pattern("a" + "{1}" * 2000)
     check_schema({"type": "string", "pattern": "a" + "{1}" * 2000})  # no RecursionError
+    # Left in its ECMA form, it is run by the regex module, which reads \p{L} as ECMA does.
     findings = SchemaCheck({"pattern": "^" + r"\p{L}" * 400 + "$"}).check("a")
-    assert len(findings) == 1 and findings[0].startswith("the after-check could not run")
+    assert len(findings) == 1 and "does not match" in findings[0]
 
 
 def test_after_check_reads_patterns_as_the_grammar(smollm2_vocab: Vocabulary) -> None:

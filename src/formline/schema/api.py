@@ -8,7 +8,6 @@ checking on), so what the grammar could not enforce is still caught.
 
 from __future__ import annotations
 
-import functools
 import json
 import os
 import re
@@ -16,7 +15,6 @@ from dataclasses import dataclass, field
 from operator import itemgetter
 from typing import Any
 
-from jsonschema.validators import Draft202012Validator, extend, validator_for
 from referencing.exceptions import Unresolvable
 
 from formline.grammar.budget import CompileBudget, CompileLimitError, Deadline
@@ -24,13 +22,13 @@ from formline.grammar.ir import Grammar, GrammarError
 from formline.mask.compiled import CompiledGrammar
 from formline.mask.compiler import CompileCache, check_vocabulary, default_cache
 from formline.mask.matcher import GrammarMatcher
+from formline.schema.bounded_patterns import bounded_validation
 from formline.schema.compiler import (
     SchemaOptions,
     compile_to_grammar,
     root_resolver,
 )
-from formline.schema.metaschema import check_schema, format_checker
-from formline.schema.multiples import with_exact_multiples
+from formline.schema.metaschema import check_schema, draft_validator_class, format_checker
 from formline.schema.nesting import check_nesting
 from formline.schema.ordering import order_like_schema
 from formline.schema.python_patterns import with_python_patterns
@@ -58,10 +56,11 @@ class SchemaCheck:
             if self.validator is None:
                 rewritten, self.original_patterns = with_python_patterns(self.schema)
                 self.validator = _validator(rewritten)
-            return [
-                f"{self.message(error)} (at {'/' + '/'.join(map(str, error.absolute_path))})"
-                for error in self.validator.iter_errors(instance)
-            ]
+            with bounded_validation():
+                return [
+                    f"{self.message(error)} (at {'/' + '/'.join(map(str, error.absolute_path))})"
+                    for error in self.validator.iter_errors(instance)
+                ]
         except (Unresolvable, RecursionError, ValueError, re.error) as error:  # jsonschema
             # wraps its reference errors in Unresolvable; an invalid schema is a ValueError.
             return [f"the after-check could not run: {type(error).__name__}: {error}"]
@@ -332,33 +331,10 @@ def compile_schema(
 def _validator(schema: dict[str, Any] | bool) -> Any:
     """The schema's own draft validator with that draft's format checker (a bare
     ``FormatChecker()`` mixes drafts: its "time" is draft 3's ``%H:%M:%S``, which refuses
-    ``08:30:06Z``), reading ``nullable`` as the grammar does (:func:`_with_nullable`) and
-    ``multipleOf`` exactly (:mod:`formline.schema.multiples`: 19.99 is a multiple of 0.01)."""
-    cls = _with_nullable(with_exact_multiples(validator_for(schema, default=Draft202012Validator)))
+    ``08:30:06Z``), reading ``nullable`` and ``multipleOf`` as the grammar does
+    (:func:`~formline.schema.metaschema.draft_validator_class`).
+
+    Raises:
+        SchemaError: a ``$schema`` that is not a string."""
+    cls = draft_validator_class(schema)
     return cls(schema, format_checker=format_checker(cls))
-
-
-@functools.cache
-def _with_nullable(cls: Any) -> Any:
-    """``cls`` where a ``null`` beside ``"nullable": true`` (OpenAPI 3.0's form, which the
-    grammar writes: ``values.typed_value``) passes ``type`` and the applicators next to it
-    (``{"allOf": [{"$ref": ...}], "nullable": true}``, FastAPI's form); ``enum`` and
-    ``const`` unchanged, as in OpenAPI 3.0.3. Without it every ``null`` the grammar allowed
-    failed the after-check. Made once per draft. (A ``$ref`` into a resource with its own
-    ``$schema`` is validated by that draft's stock class.)"""
-    keywords = ("type", "allOf", "anyOf", "oneOf", "$ref")
-    wrapped = {
-        keyword: _passing_null(cls.VALIDATORS[keyword])
-        for keyword in keywords
-        if keyword in cls.VALIDATORS
-    }
-    return extend(cls, wrapped)
-
-
-def _passing_null(base: Any) -> Any:
-    def validate(validator: Any, value: Any, instance: Any, schema: Any) -> Any:
-        if instance is None and schema.get("nullable") is True:
-            return
-        yield from base(validator, value, instance, schema)
-
-    return validate

@@ -34,9 +34,10 @@ from formline.schema.merge import (
     merge,
     type_set,
 )
-from formline.schema.metaschema import format_checker
+from formline.schema.metaschema import draft_validator_class, format_checker
 from formline.schema.nesting import check_nesting
 from formline.schema.objects import object_value
+from formline.schema.python_patterns import with_python_patterns
 from formline.schema.report import SchemaError, SchemaReport
 from formline.schema.resolving import (
     LazyResolver,
@@ -46,7 +47,7 @@ from formline.schema.resolving import (
     resolver_of,
 )
 from formline.schema.reuse import Reused, SubschemaMemo, moved, resolution_base
-from formline.schema.values import typed_value
+from formline.schema.values import NULL, typed_value
 
 ANNOTATIONS = frozenset(
     {
@@ -153,11 +154,16 @@ class SchemaCompiler:
         self.pointer = ""  # the schema object being compiled (for a limit's error)
         self.root = as_object(schema, "")
         check_nesting(self.root, 2 * options.max_depth)
+        # The after-check's validator class (the root's own draft): what the grammar filters
+        # values with (enum members, declared property names) must agree with it.
+        self.validator_class = draft_validator_class(self.root)
         self.specification, self.is_draft7 = draft_of(self.root)
         self.resolver: Any = LazyResolver(self.root, self.specification)
         self._check_draft()
         validator = Draft7Validator if self.is_draft7 else Draft202012Validator
         self.format_checker = format_checker(validator)
+        # (The resource a $ref entered, its base): its own $id is not applied again.
+        self.entered_resources: set[tuple[int, str | int]] = set()
         self.text = JsonText(options.whitespace)
         self.report = SchemaReport()
         self.rules: dict[str, Node] = {}
@@ -174,6 +180,17 @@ class SchemaCompiler:
         self.string_rules: dict[Node, Node | None] = {}
         self.memo = SubschemaMemo()
         self._describe_settings()
+
+    def instance_validator(self, schema: Any, resolver: Any = None) -> Any:
+        """A validator of ``schema`` as the after-check reads it: the root's draft with its
+        format checker, ``nullable``, exact ``multipleOf`` and ECMA-262 patterns (Python's
+        ``\\W`` refused the "é" of ``^\\W$``); ``resolver`` (the compiler's, at the base
+        ``schema`` sits under) resolves its ``$ref``. Costs a rewrite of its patterns."""
+        cls = self.validator_class
+        rewritten = with_python_patterns(schema)[0]
+        if resolver is None:
+            return cls(rewritten, format_checker=format_checker(cls))
+        return cls(rewritten, format_checker=format_checker(cls), _resolver=resolver)
 
     def is_draft_format(self, name: str) -> bool:
         """Whether the schema's draft defines format ``name`` (see :data:`DRAFT_FORMATS`)."""
@@ -298,7 +315,7 @@ class SchemaCompiler:
 
     def _schema_object(self, schema: Schema, pointer: str, resolver: Any, depth: int) -> Node:
         if "$id" in schema and pointer and isinstance(schema["$id"], str):
-            resolver = resolver.in_subresource(self.specification.create_resource(schema))
+            resolver = self._entered(schema, resolver)
         self._record_unhandled(schema, pointer)
         if "$ref" in schema:
             return self.reference(schema, pointer, resolver, depth)
@@ -308,6 +325,14 @@ class SchemaCompiler:
             if keyword in schema:
                 return self.any_of(schema, keyword, pointer, resolver, depth)
         return self.typed(schema, pointer, resolver, depth)
+
+    def _entered(self, schema: Schema, resolver: Any) -> Any:
+        """``resolver`` inside the resource ``schema`` (which has a ``$id``), unless a
+        ``$ref``'s lookup entered it already: applied twice, a relative ``"a/schema.json"``
+        made the base ``a/a/schema.json``, where its own ``"#/$defs/B"`` did not resolve."""
+        if (id(schema), resolution_base(resolver)) in self.entered_resources:
+            return resolver
+        return resolver.in_subresource(self.specification.create_resource(schema))
 
     def _record_unhandled(self, schema: Schema, pointer: str) -> None:
         for keyword in schema:
@@ -352,6 +377,8 @@ class SchemaCompiler:
     # ------------------------------------------------------------------ $ref
     def reference(self, schema: Schema, pointer: str, resolver: Any, depth: int) -> Node:
         target, target_resolver, target_pointer = self.resolve(schema, pointer, resolver)
+        if isinstance(target, dict) and isinstance(target.get("$id"), str):
+            self.entered_resources.add((id(target), resolution_base(target_resolver)))
         siblings = {
             key: value
             for key, value in schema.items()
@@ -463,7 +490,25 @@ class SchemaCompiler:
             for keyword, note in notes:
                 self.record("checked_after", keyword, branch_pointer, note)
         self.record("enforced", "allOf", pointer, "merged into one schema")
-        return self.value(merged, pointer, resolver, depth + 1)
+        node = self.value(merged, pointer, resolver, depth + 1)
+        return choice([node, self._null_beside(schema, pointer)])
+
+    def _null_beside(self, schema: Schema, pointer: str) -> Node:
+        """``null`` where ``schema`` says ``nullable: true`` beside its applicators and its
+        own ``enum``/``const`` admit null, else NOTHING: the after-check lets null past the
+        object's ``type`` and applicators whatever their branches say (FastAPI's
+        ``{"allOf": [{"$ref": ...}], "nullable": true}``, or ``{"type": "string",
+        "nullable": true, "anyOf": [{"type": "string"}]}``), and a merge keeps ``nullable``
+        only where every side admits null (:func:`~formline.schema.merge.merge`)."""
+        if schema.get("nullable") is not True:
+            return NOTHING
+        if "const" in schema and schema["const"] is not None:
+            return NOTHING
+        values = schema.get("enum")
+        if isinstance(values, list) and not any(value is None for value in values):
+            return NOTHING
+        self.record("enforced", "nullable", pointer, "null allowed (OpenAPI form)")
+        return NULL
 
     def _inline_references(self, schema: Schema, pointer: str, resolver: Any) -> Schema:
         """Follow ``$ref`` chains of an allOf branch so it merges as a plain object, its
@@ -475,6 +520,8 @@ class SchemaCompiler:
                 return schema
             target, resolver, _ = self.resolve(schema, pointer, resolver)
             rest = {key: value for key, value in schema.items() if key != "$ref"}
+            # Null passes a "$ref" beside "nullable": true, whatever its target says.
+            nullable = rest.get("nullable") is True
             target = as_object(target, pointer)
             base = resolution_base(resolver)
             if base != outer and isinstance(base, str):
@@ -482,6 +529,8 @@ class SchemaCompiler:
             if self.is_draft7:
                 rest = {}
             schema, notes = merge(dict(target), rest, pointer)
+            if nullable:
+                schema["nullable"] = True
             for keyword, note in notes:
                 self.record("checked_after", keyword, pointer, note)
         raise SchemaError("$ref chain too long (a reference cycle through allOf?)", pointer, "$ref")
@@ -509,6 +558,7 @@ class SchemaCompiler:
             else:
                 combined = branch
             options.append(self.value(combined, branch_pointer, resolver, depth + 1))
+        options.append(self._null_beside(rest, pointer))
         parent = type_set(rest, pointer) if "type" in rest else None
         if keyword == "oneOf" and not _are_disjoint(branches, resolver, parent):
             self.record(

@@ -180,9 +180,15 @@ class JsonText:
         return Literal(compact_json(value))
 
     def _spaced_literal(self, value: Any) -> Node:
+        """An object or array literal with whitespace where the rest of the grammar takes
+        it: after every token, so also before ``:`` and ``,`` (``{"x" :[1 ,2]}`` was
+        refused under ``{"const": {"x": [1, 2]}}`` and accepted under ``"type":
+        "object"``)."""
         if isinstance(value, dict):
             entries = [
-                sequence(Literal(compact_json(key)), self.token(b":"), self.literal(item))
+                sequence(
+                    Literal(compact_json(key)), self.space, self.token(b":"), self.literal(item)
+                )
                 for key, item in value.items()
             ]
             return self._wrap(b"{", entries, b"}")
@@ -192,7 +198,7 @@ class JsonText:
         parts: list[Node] = [self.token(opening)]
         for index, item in enumerate(items):
             if index:
-                parts.append(self.token(b","))
+                parts.append(sequence(self.space, self.token(b",")))
             parts.append(item)
         parts.append(sequence(self.space, Literal(closing)))
         return sequence(*parts)

@@ -37,6 +37,9 @@ TYPE_KEYWORDS = {
 }
 ALL_TYPE_KEYWORDS = frozenset(k for keywords in TYPE_KEYWORDS.values() for k in keywords)
 MAX_COMBINED_BRANCHES = 64  # anyOf x anyOf distributes; past this the second goes after
+# The keywords a null passes beside "nullable": true (as the after-check reads OpenAPI 3.0's
+# form): the object's own type and its applicators.
+NULLABLE_APPLICATORS = ("allOf", "anyOf", "oneOf", "$ref")
 
 
 def as_object(schema: Any, pointer: str) -> Schema:
@@ -93,7 +96,7 @@ def merge(first: Schema, second: Schema, pointer: str) -> tuple[Schema, list[tup
     notes: list[tuple[str, str]] = []
     array_keywords = ("items", "prefixItems", "additionalItems")
     for keyword, value in second.items():
-        if keyword in array_keywords:
+        if keyword in array_keywords or keyword == "nullable":
             continue
         if keyword not in merged:
             merged[keyword] = value
@@ -105,6 +108,7 @@ def merge(first: Schema, second: Schema, pointer: str) -> tuple[Schema, list[tup
     if "type" in first and "type" in second:
         types = intersect_types(type_set(first, pointer), type_set(second, pointer))
         merged["type"] = sorted(types or [])
+    _merge_nullable(merged, first, second, pointer, notes)
     _merge_object_keywords(merged, first, second, notes)
     if any(keyword in schema for schema in (first, second) for keyword in array_keywords):
         for keyword in array_keywords:
@@ -145,6 +149,48 @@ def _merge_keyword(
         merged[keyword] = bool(current) or bool(value)
     elif keyword != "type":
         notes.append((keyword, "a second value in allOf"))
+
+
+def _merge_nullable(
+    merged: Schema, first: Schema, second: Schema, pointer: str, notes: list[tuple[str, str]]
+) -> None:
+    """``nullable: true`` lets null past its own object's ``type`` and applicators only, so
+    merged it stays only where the other side admits null too: copied from one side,
+    ``{"allOf": [{"type": "string", "nullable": true}, {"type": "string"}]}`` accepted null,
+    which the second branch refuses. Where the other side's applicators decide, a nullable
+    side without applicators of its own says null in its ``type`` instead; with applicators
+    on both sides the null is left to the after-check (a note).
+
+    Raises:
+        SchemaError: a malformed ``type``.
+    """
+    nullable = [side.get("nullable") is True for side in (first, second)]
+    merged.pop("nullable", None)
+    if not any(nullable):
+        return
+    own, other = (first, second) if nullable[0] else (second, first)
+    if all(nullable) or _admits_null_by_itself(other, pointer):
+        merged["nullable"] = True
+    elif not _type_admits_null(other, pointer):
+        return  # null fails the other side's type: the merge refuses it, as the check does
+    elif any(keyword in own for keyword in NULLABLE_APPLICATORS):
+        merged["nullable"] = True
+        notes.append(("nullable", "null passes one side's applicators, maybe not the other's"))
+    elif "type" in own:
+        widened = (type_set(own, pointer) or set()) | {"null"}
+        merged["type"] = sorted(intersect_types(widened, type_set(other, pointer)) or [])
+
+
+def _admits_null_by_itself(schema: Schema, pointer: str) -> bool:
+    """Whether null passes ``schema``'s ``type`` and it has no applicator that could refuse
+    it (its other keywords stay in the merge and apply to null there)."""
+    applicators = any(keyword in schema for keyword in NULLABLE_APPLICATORS)
+    return not applicators and _type_admits_null(schema, pointer)
+
+
+def _type_admits_null(schema: Schema, pointer: str) -> bool:
+    types = type_set(schema, pointer)
+    return types is None or "null" in types
 
 
 def _merge_boolean_exclusives(merged: Schema, first: Schema, second: Schema) -> None:

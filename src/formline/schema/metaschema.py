@@ -13,13 +13,16 @@ check's verdict stands. Its ``regex`` format is ECMA-262's, as the grammar reads
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 import jsonschema_rs
 from jsonschema import FormatChecker
 from jsonschema.exceptions import SchemaError as MetaSchemaError
-from jsonschema.validators import Draft202012Validator, validator_for
+from jsonschema.validators import Draft202012Validator, extend, validator_for
 
+from formline.schema.bounded_patterns import with_bounded_patterns
+from formline.schema.multiples import with_exact_multiples
 from formline.schema.python_patterns import with_ecma_regex
 from formline.schema.report import SchemaError, escape_pointer
 
@@ -43,6 +46,7 @@ def check_schema(schema: dict[str, Any] | bool) -> None:
     Costs about 5 µs plus a walk of the schema when valid (the Python check's milliseconds
     only for an invalid schema or an unusual ``pattern`` or URI).
     """
+    check_dialect(schema)
     try:
         if _is_valid_fast(schema):
             return
@@ -59,6 +63,59 @@ def check_schema(schema: dict[str, Any] | bool) -> None:
         keyword = path[-1] if path else None  # the user's keyword at fault, not the meta one
         pointer = "".join(f"/{escape_pointer(part)}" for part in path[:-1])
         raise SchemaError(f"not a valid JSON Schema: {error.message}", pointer, keyword) from error
+
+
+def check_dialect(schema: Any) -> None:
+    """Raise unless ``schema``'s ``$schema``, if any, is a string: jsonschema looks it up as
+    a URI (``{"$schema": 5}`` raised AttributeError there, ``["x"]`` TypeError).
+
+    Raises:
+        SchemaError: ``$schema`` is present and not a string, naming ``$schema``.
+    """
+    if isinstance(schema, dict) and not isinstance(schema.get("$schema", ""), str):
+        kind = type(schema["$schema"]).__name__
+        raise SchemaError(f"$schema must be a URI string, not {kind}", "", "$schema")
+
+
+def draft_validator_class(schema: Any) -> Any:
+    """The validator class the after-check validates with: ``schema``'s own draft (2020-12
+    without ``$schema``), reading ``nullable`` as the grammar does (:func:`with_nullable`)
+    and ``multipleOf`` exactly (:mod:`formline.schema.multiples`: 19.99 is a multiple of
+    0.01), its ``pattern`` bounded in time (:mod:`formline.schema.bounded_patterns`). Pair
+    it with :func:`format_checker` of the class it returns.
+
+    Raises:
+        SchemaError: see :func:`check_dialect`.
+    """
+    check_dialect(schema)
+    draft = validator_for(schema, default=Draft202012Validator)
+    return with_nullable(with_bounded_patterns(with_exact_multiples(draft)))
+
+
+@functools.cache
+def with_nullable(cls: Any) -> Any:
+    """``cls`` where a ``null`` beside ``"nullable": true`` (OpenAPI 3.0's form, which the
+    grammar writes: ``values.typed_value``) passes ``type`` and the applicators next to it
+    (``{"allOf": [{"$ref": ...}], "nullable": true}``, FastAPI's form); ``enum`` and
+    ``const`` unchanged, as in OpenAPI 3.0.3. Without it every ``null`` the grammar allowed
+    failed the after-check. Made once per draft. (A ``$ref`` into a resource with its own
+    ``$schema`` is validated by that draft's stock class.)"""
+    keywords = ("type", "allOf", "anyOf", "oneOf", "$ref")
+    wrapped = {
+        keyword: _passing_null(cls.VALIDATORS[keyword])
+        for keyword in keywords
+        if keyword in cls.VALIDATORS
+    }
+    return extend(cls, wrapped)
+
+
+def _passing_null(base: Any) -> Any:
+    def validate(validator: Any, value: Any, instance: Any, schema: Any) -> Any:
+        if instance is None and schema.get("nullable") is True:
+            return
+        yield from base(validator, value, instance, schema)
+
+    return validate
 
 
 _CHECKERS: dict[Any, FormatChecker] = {}

@@ -12,9 +12,10 @@ number of leading optional properties, measured: 30 optional properties of small
 
 from __future__ import annotations
 
+import re
 from typing import TYPE_CHECKING, Any
 
-from jsonschema import Draft202012Validator
+from referencing.exceptions import Unresolvable
 
 from formline.grammar.ir import EMPTY, GrammarError, Literal, Node, RuleReference, expanded_size
 from formline.schema.json_text import (
@@ -28,7 +29,7 @@ from formline.schema.json_text import (
 )
 from formline.schema.merge import Schema, as_object, merge
 from formline.schema.patterns import pattern_node
-from formline.schema.python_patterns import is_pattern_match, with_python_patterns
+from formline.schema.python_patterns import is_pattern_match
 from formline.schema.report import SchemaError, escape_pointer
 from formline.schema.values import count_keyword, repeated_items
 
@@ -217,40 +218,35 @@ class _Members:
             self.declared.append((name, member, is_required))
 
     def _names_allowed(self, names: list[str]) -> set[str] | None:
-        """The names ``propertyNames`` allows, or ``None`` where it allows them all."""
+        """The names ``propertyNames`` allows, or ``None`` where it allows them all (also
+        where the check cannot run: then ``propertyNames`` is checked after). Checked as the
+        after-check checks them: the root's draft, its format checker (without it
+        ``{"format": "email"}`` let the name "x" through) and its ``$ref`` resolved (one
+        anywhere inside, even in ``{"enum": ["$ref"]}``, skipped the check)."""
         names_schema = self.schema.get("propertyNames")
-        if names_schema is None:
+        if names_schema is None or not names:
             return None
-        if isinstance(names_schema, dict) and "$ref" in str(names_schema):
-            return None  # the after-check validates them
-        validator = Draft202012Validator(with_python_patterns(names_schema)[0])
-        return {name for name in names if validator.is_valid(name)}
+        # Through propertyNames itself, as the after-check descends: a $id inside applies.
+        wrapper = {"propertyNames": names_schema}
+        validator = self.compiler.instance_validator(wrapper, self.resolver)
+        try:
+            return {name for name in names if validator.is_valid({name: None})}
+        except (Unresolvable, RecursionError, ValueError, re.error) as error:
+            self.compiler.record(
+                "checked_after", "propertyNames", self.pointer, f"declared names: {error}"
+            )
+            return None
 
     # -------------------------------------------------------------- other members
     def _extra_member(self) -> Node:
         """One member that is not a declared property (pattern or additional), or NOTHING."""
-        options: list[Node] = []
         pointer = self.pointer
         patterns = self.schema.get("patternProperties", {})
         if not isinstance(patterns, dict):
             raise SchemaError("patternProperties must be an object", pointer, "patternProperties")
-        for pattern, sub in patterns.items():
-            segment = f"{pointer}/patternProperties/{escape_pointer(pattern)}"
-            if any(is_pattern_match(pattern, name) for name in self.names):
-                self.compiler.record(
-                    "checked_after",
-                    "properties",
-                    pointer,
-                    f"a declared name also matches pattern {pattern!r}: written through the "
-                    "pattern's branch it skips the declared schema",
-                )
-            try:
-                key = self.text.string(pattern_node(pattern))
-            except GrammarError as error:
-                self.compiler.unsupported("patternProperties", pointer, str(error))
-                continue
-            value = self.compiler.value(sub, segment, self.resolver, self.depth + 1)
-            options.append(self._member(key, value))
+        options, unreadable = self._pattern_members(patterns)
+        if unreadable:
+            options.append(self._any_member())
         # A key must meet every pattern it matches, but a grammar writes it through one
         # branch: under ^a and b$, {"ab":1} skipped b$'s minimum 3 and was reported enforced.
         loose = ["a key matching two patterns is written through one"] if len(patterns) > 1 else []
@@ -262,9 +258,12 @@ class _Members:
             loose.append("a key matching a pattern may also take the additionalProperties branch")
         if patterns and loose:
             self.compiler.record("checked_after", "patternProperties", pointer, "; ".join(loose))
-        elif patterns:
+        elif patterns and not unreadable:
             self.compiler.record("enforced", "patternProperties", pointer)
-        if "additionalProperties" in self.schema:
+        if "additionalProperties" in self.schema and unreadable:
+            note = "any key but the declared names is let through beside an unreadable pattern"
+            self.compiler.unsupported("additionalProperties", pointer, note)
+        elif "additionalProperties" in self.schema:
             self.compiler.record("enforced", "additionalProperties", pointer)
         if "propertyNames" in self.schema:
             self._record_property_names(bool(patterns))
@@ -272,6 +271,42 @@ class _Members:
         if _size(member) > 40:
             member = self.compiler.shared(member, "member")
         return member
+
+    def _pattern_members(self, patterns: dict[str, Any]) -> tuple[list[Node], bool]:
+        """(a member for each ``patternProperties`` pattern the grammar reads, whether one
+        could not be read: reported unsupported, or raised with ``on_unsupported="error"``).
+
+        Raises:
+            SchemaError: a pattern the grammar cannot read, with ``on_unsupported="error"``.
+        """
+        options: list[Node] = []
+        unreadable = False
+        for pattern, sub in patterns.items():
+            segment = f"{self.pointer}/patternProperties/{escape_pointer(pattern)}"
+            if any(is_pattern_match(pattern, name) for name in self.names):
+                self.compiler.record(
+                    "checked_after",
+                    "properties",
+                    self.pointer,
+                    f"a declared name also matches pattern {pattern!r}: written through the "
+                    "pattern's branch it skips the declared schema",
+                )
+            try:
+                key = self.text.string(pattern_node(pattern))
+            except GrammarError as error:
+                self.compiler.unsupported("patternProperties", self.pointer, str(error))
+                unreadable = True
+                continue
+            value = self.compiler.value(sub, segment, self.resolver, self.depth + 1)
+            options.append(self._member(key, value))
+        return options, unreadable
+
+    def _any_member(self) -> Node:
+        """A member of any key but the declared names and any value, for the keys of a
+        pattern the grammar cannot read (left to the after-check): dropped, ``^(?=x)``
+        under ``additionalProperties: false`` refused the valid ``{"xa":1}``."""
+        key = self.text.string(string_body_except(self.names, self.text.any_string_body()))
+        return self._member(key, self.compiler.any_value())
 
     def _record_property_names(self, has_patterns: bool) -> None:
         """``propertyNames`` holds the declared names (filtered) and the additional keys

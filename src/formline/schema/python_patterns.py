@@ -86,14 +86,19 @@ def is_ecma_regex(instance: object) -> bool:
     ``\\p{Letter}`` and ``\\cC``, which JSON Schema allows and the grammar supports.
 
     Raises:
-        re.error, OverflowError: Python cannot read it either (the format check's failure).
+        re.error, OverflowError: Python cannot read it either (the format check's
+            failure), nested too deep for it included.
     Costs one parse of the pattern (no Python form is written)."""
     if not isinstance(instance, str):
         return True
     try:
         _RangeParser(instance).parse_branches()
     except GrammarError:
-        re.compile(instance)
+        try:
+            re.compile(instance)
+        except RecursionError as error:
+            # 600 nested groups: a RecursionError left the format check as a 500.
+            raise re.error(f"Python cannot read the pattern either: {error}") from error
     return True
 
 

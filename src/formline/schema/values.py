@@ -10,8 +10,6 @@ from decimal import Decimal, InvalidOperation
 from functools import cache
 from typing import TYPE_CHECKING, Any
 
-from jsonschema import Draft7Validator, Draft202012Validator
-
 from formline.grammar.ir import EMPTY, GrammarError, Literal, Node, Repeat, expanded_size
 from formline.grammar.regex import parse_regex
 from formline.schema.formats import FORMAT_GAPS, format_node
@@ -24,10 +22,8 @@ from formline.schema.merge import (
     json_equal,
     type_set,
 )
-from formline.schema.multiples import with_exact_multiples
 from formline.schema.numbers import integer_bounds_from_schema, integer_node, number_node
 from formline.schema.patterns import pattern_node
-from formline.schema.python_patterns import with_python_patterns
 from formline.schema.report import SchemaError
 
 if TYPE_CHECKING:
@@ -59,6 +55,9 @@ MAX_UNROLLED_NODES = 20_000
 
 
 NULL = Literal(b"null")
+# The keywords an enum's values are filtered by: the type keywords, "type" and "nullable"
+# (draft 4's boolean "exclusiveMinimum" is one of them, read beside its own "minimum").
+LOCAL_KEYWORDS = ALL_TYPE_KEYWORDS | {"type", "nullable"}
 BOOLEAN = choice([Literal(b"true"), Literal(b"false")])
 
 
@@ -141,17 +140,19 @@ def enum_value(compiler: SchemaCompiler, schema: Schema, types: set[str], pointe
 def _filter_by_schema(
     compiler: SchemaCompiler, values: list[Any], rest: Schema, constraints: set[str], pointer: str
 ) -> list[Any]:
-    """Keep the enum values that the sibling keywords accept, checked with the schema's own
-    draft and that draft's format checker (a bare ``FormatChecker()`` has draft 3's
-    ``time``, which refused ``08:30:06Z`` and accepted ``08:30:06``)."""
-    local = {key: value for key, value in rest.items() if key in ALL_TYPE_KEYWORDS or key == "type"}
+    """Keep the enum values that the sibling keywords accept, checked as the after-check
+    checks them (:meth:`~formline.schema.compiler.SchemaCompiler.instance_validator`): the
+    root's own draft (draft 7's rules read draft 4's ``exclusiveMinimum: true`` as the
+    bound 1, and kept 5 under ``minimum`` 5) with that draft's format checker (a bare
+    ``FormatChecker()`` has draft 3's ``time``, which refused ``08:30:06Z``), and
+    ``nullable`` beside ``type`` (without it ``null`` was dropped from an enum that lists
+    it under ``"type": "string", "nullable": true``)."""
+    local = {key: value for key, value in rest.items() if key in LOCAL_KEYWORDS}
     if any("$ref" in str(local.get(key)) for key in local):
         for keyword in sorted(constraints):
             compiler.record("checked_after", keyword, pointer, "beside enum, with a $ref")
         return values
-    draft = with_exact_multiples(Draft7Validator if compiler.is_draft7 else Draft202012Validator)
-    # Patterns as ECMA-262 reads them: Python's \W refused the "é" of ^\W$ here.
-    validator = draft(with_python_patterns(local)[0], format_checker=compiler.format_checker)
+    validator = compiler.instance_validator(local)
     for keyword in sorted(constraints):
         compiler.record("enforced", keyword, pointer, "enum values filtered by it")
     return [value for value in values if validator.is_valid(value)]
