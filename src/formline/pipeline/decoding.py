@@ -226,6 +226,11 @@ class _Loop:
             return "timeout"
         for listener in self.listeners:
             listener.on_start(len(prompt_ids))
+        # Each step's output is shown before its pass, not after it: a server request whose
+        # client left while it waited for the model ran its whole prompt pass first.
+        stopped = self.notify_output()
+        if stopped:
+            return stopped
         self.engine.reset()
         self.fed = 0
         logits = self.forward(prompt_ids + self.output)
@@ -233,9 +238,6 @@ class _Loop:
         if matcher is not None and self.output and matcher.is_only_stop_allowed():
             return "stop"  # the grammar forced all of its text
         while len(self.output) < sampling.max_tokens and self.fed < self.engine.context_size:
-            stopped = self.notify_output()
-            if stopped:
-                return stopped
             if self.mask(logits) and self.close():
                 return "stop"
             token = self.choose(logits)
@@ -252,6 +254,9 @@ class _Loop:
                 return "stop"
             if len(self.output) >= sampling.max_tokens:
                 break  # no pass for logits nobody will read
+            stopped = self.notify_output()
+            if stopped:
+                return stopped
             logits = self.forward([token, *forced])
         return "length"
 

@@ -1,14 +1,15 @@
 """The FastAPI app of ``formline serve``: OpenAI-compatible Chat Completions and Responses.
 
-Routes: ``GET /health`` (and ``HEAD``), ``GET /v1/models``, ``POST /v1/chat/completions``,
-``POST /v1/responses`` (:mod:`.responses_requests`, :mod:`.responses_output`), ``POST /trace``
-(:mod:`.tracing`). Every error is OpenAI's error object: 4xx for bad input (:class:`ApiError`,
-and unknown routes), 500 only for a real fault, which is logged with its traceback. With
-``api_key`` set, every route but ``GET /health`` needs ``Authorization: Bearer <api_key>``
-(unknown routes too, so they say nothing without it); ``/health`` stays open for load
-balancers and tells only the model id, whether the model is held (``busy``), how many
-constraint compiles are running (``compiling``) and the decoding loops' counts. Every route
-that uses the model answers within ``limits.request_seconds`` (503 or 504 past it).
+Routes: ``GET /health`` (and ``HEAD``), ``GET /v1/models`` and ``/v1/models/{model}``,
+``POST /v1/chat/completions``, ``POST /v1/responses`` (:mod:`.responses_requests`,
+:mod:`.responses_output`), ``POST /trace`` (:mod:`.tracing`). Every error is OpenAI's error
+object: 4xx for bad input (:class:`ApiError`, and unknown routes), 500 only for a real fault,
+which is logged with its traceback. With ``api_key`` set, every route but ``GET /health``
+needs ``Authorization: Bearer <api_key>`` (unknown routes too, so they say nothing without
+it); ``/health`` stays open for load balancers and tells only the model id, whether the
+model is held (``busy``), how many constraint compiles are running (``compiling``) and the
+decoding loops' counts. Every route that uses the model answers within
+``limits.request_seconds`` (503 or 504 past it).
 """
 
 from __future__ import annotations
@@ -66,11 +67,20 @@ def create_app(engine: Engine, api_key: str | None = None) -> FastAPI:
             "loops": engine.stats,
         }
 
+    def model_entry() -> dict[str, Any]:
+        """The served model as OpenAI's ``model`` object."""
+        entry = {"id": engine.model_id, "object": "model", "created": started}
+        return {**entry, "owned_by": "formline"}
+
     @app.get("/v1/models")
     async def models() -> dict[str, Any]:
-        entry = {"id": engine.model_id, "object": "model", "created": started}
-        entry["owned_by"] = "formline"
-        return {"object": "list", "data": [entry]}
+        return {"object": "list", "data": [model_entry()]}
+
+    # ``:path``: an id may hold slashes (``org/name``); it was a plain 404 without the route.
+    @app.get("/v1/models/{model:path}")
+    async def one_model(model: str) -> dict[str, Any]:
+        _check_model(model, engine)
+        return model_entry()
 
     @app.post("/v1/chat/completions", response_model=None)
     async def chat_completions(request: Request) -> JSONResponse | StreamingResponse:

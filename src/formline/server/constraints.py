@@ -102,7 +102,7 @@ def _plan(
         try:
             check_schema(tool.parameters)
         except SchemaError as error:
-            raise _compile_error(error, f"tools[{index}].function.parameters") from error
+            raise _compile_error(error, request.fields.parameters_of(index)) from error
     constraint = request.constraint
     try:
         return constraint.compile(vocabulary, budget)
@@ -154,7 +154,7 @@ def _tool_plan(
     tools, strict = request.tools, all(tool.strict for tool in request.tools)
     if request.tool_choice == "named":
         index, tool = next((i, t) for i, t in enumerate(tools) if t.name == request.named_tool)
-        param = f"tools[{index}].function.parameters"
+        param = request.fields.parameters_of(index)
         constraint = _tool_constraint(tool.parameters, tool.strict, param)
         try:
             plan = constraint.compile(vocabulary, budget)
@@ -182,8 +182,7 @@ def _tool_plan(
                 Constraint("grammar", grammar, source="tools").compile(vocabulary, budget).compiled
             )
     except SchemaError as error:
-        param = _tool_at(error.pointer, len(tools) > 1, form.arguments_key)
-        raise _compile_error(error, param) from error
+        raise _tool_error(error, request, form.arguments_key) from error
     except GrammarError as error:
         raise _compile_error(error, "tools") from error
     plan.tool_format = form.name
@@ -241,17 +240,32 @@ def _tool_constraint(schema: dict[str, Any], strict: bool, param: str) -> Constr
     )  # fmt: skip
 
 
-def _tool_at(pointer: str | None, several: bool, key: str = "arguments") -> str:
-    """The request field at ``pointer`` of :func:`tool_call_schema`'s schema: a tool's
-    ``parameters`` (``/items/anyOf/2/properties/arguments/...``), else ``tools``."""
-    parts = (pointer or "").strip("/").split("/")
+def _tool_error(error: SchemaError, request: ChatRequest, key: str) -> ApiError:
+    """The 400 for ``error`` in :func:`tool_call_schema`'s schema of ``request``'s tools,
+    naming the tool's parameters and the pointer inside them: it named the wrapper's
+    (``/anyOf/1/properties/arguments/properties/b`` for the second tool's ``/properties/b``),
+    which is no place in the request."""
+    index, pointer = _tool_at(error.pointer, len(request.tools) > 1, key)
+    if index is None:
+        return _compile_error(error, "tools")
+    inside = SchemaError(error.message, pointer, error.keyword, error.limit)
+    return _compile_error(inside, request.fields.parameters_of(index))
+
+
+def _tool_at(pointer: str, several: bool, key: str = "arguments") -> tuple[int | None, str]:
+    """The tool whose ``parameters`` hold ``pointer`` of :func:`tool_call_schema`'s schema
+    (``/items/anyOf/2/properties/arguments/...``) and the pointer inside them; ``None`` and
+    ``pointer`` unchanged when it points at the wrapper itself."""
+    parts = pointer.split("/")[1:] if pointer.startswith("/") else []
     parts = parts[1:] if parts[:1] == ["items"] else parts
     index = "0"
     if several:
-        if parts[:1] != ["anyOf"] or len(parts) < 2:
-            return "tools"
+        if parts[:1] != ["anyOf"] or len(parts) < 2 or not parts[1].isdigit():
+            return None, pointer
         index, parts = parts[1], parts[2:]
-    return f"tools[{index}].function.parameters" if parts[:2] == ["properties", key] else "tools"
+    if parts[:2] != ["properties", key]:
+        return None, pointer
+    return int(index), "".join(f"/{part}" for part in parts[2:])
 
 
 def _tool_or_text(grammar: Grammar) -> Grammar:

@@ -29,7 +29,7 @@ import uuid
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
-from typing import Any, Protocol
+from typing import Any, NamedTuple, Protocol
 
 from formline.backends.base import Backend, BackendError, ChatTemplateError
 from formline.constraint import Plan, compile_error_message
@@ -50,6 +50,7 @@ from formline.server.constraints import plan_output
 from formline.server.errors import ApiError
 from formline.server.requests import ChatRequest, Limits
 from formline.server.tool_formats import FORMATS, ToolFormat, read_tagged
+from formline.vocab import Vocabulary
 
 log = logging.getLogger("formline.server")
 INVALID_FINISH = "error"  # the finish_reason of an answer that failed the after-check
@@ -74,6 +75,7 @@ class Completion:
     choices: list[ChoiceOutput]
     prompt_tokens: int
     completion_tokens: int
+    reasoning_tokens: int = 0  # of completion_tokens, the formline_think rationales'
 
 
 class ChoiceListener(Protocol):
@@ -157,42 +159,47 @@ class Engine:
         ``deadline`` (default: :meth:`deadline` from now).
 
         ``listener_for(index, plan)``: a listener for each choice (streaming). A choice its
-        listener stopped ends the request early (what was decoded is returned).
+        listener stopped ends the request early (what was decoded is returned). With
+        ``formline_think``, the rationale has ``think`` tokens at most and the answer
+        ``max_tokens`` (``"length"`` past them), each its own budget.
 
         Raises:
             ApiError: 400 for a constraint that does not compile or a prompt over the
-                context; 503 when the model stays busy past the deadline; 504 when the
-                compile or the decoding runs past it (the loop stops at its next step).
+                context (naming ``request.fields.messages``, or the constraint whose
+                description put it over); 503 when the model stays busy past the deadline;
+                504 when the compile or the decoding runs past it (the loop stops at its
+                next step).
             BackendError: the model failed (a server fault).
         Costs one compile (cached) plus ``n`` decoding loops; waits for the lock first.
         """
         deadline = deadline if deadline is not None else self.deadline()
         plan = plan if plan is not None else self.plan(request, deadline)
-        messages = prompt_messages(request.messages, self._description(plan, request.messages))
-        if request.think:
-            messages = ask_to_think(messages)
-        choices, prompt_tokens, completion_tokens = [], 0, 0
+        messages = _prompt(request, self._description(plan, request.messages))
+        choices, prompt_tokens, completion_tokens, reasoning_tokens = [], 0, 0, 0
         for index in range(request.n):
             seed = None if request.seed is None else request.seed + index
-            budget = request.max_tokens + request.think  # the rationale has its own budget
+            # The rationale's budget and the answer's: the loop's holds both, and
+            # _AnswerBudget holds the answer to max_tokens alone.
+            budget = request.max_tokens + request.think
             sampling = Sampling(request.temperature, request.top_p, seed, budget)
             sampling = replace(sampling, deadline=deadline)
             listener = listener_for(index, plan) if listener_for is not None else None
-            think = request.think
-            generation, reasoning = self._generate(messages, plan, sampling, listener, think)
+            decoded = self._generate(request, messages, plan, sampling, listener)
+            generation = decoded.generation
             prompt_tokens = generation.prompt_tokens
             completion_tokens += generation.completion_tokens
+            reasoning_tokens += decoded.reasoning_tokens
             self._count(generation)
             if generation.finish_reason == "timeout":
                 raise self._timeout(generation)
             choice = read_choice(generation, plan)
-            choice.reasoning = reasoning
+            choice.reasoning = decoded.reasoning
             choices.append(choice)
             if listener is not None:
                 listener.finish(choice)
             if generation.finish_reason == "cancelled":
                 break
-        return Completion(choices, prompt_tokens, completion_tokens)
+        return Completion(choices, prompt_tokens, completion_tokens, reasoning_tokens)
 
     def _description(self, plan: Plan, messages: list[dict[str, str]]) -> str:
         """What the prompt says of the constraint: tools are always described (the model
@@ -229,28 +236,29 @@ class Engine:
 
     def _generate(
         self,
+        request: ChatRequest,
         messages: list[dict[str, str]],
         plan: Plan,
         sampling: Sampling,
         listener: ChoiceListener | None,
-        think: int = 0,
-    ) -> tuple[Generation, str]:
-        """One decoding loop; with ``think``, its rationale split from the answer."""
+    ) -> _Decoded:
+        """One decoding loop; with ``formline_think``, its rationale split from the answer."""
         matcher: Any = plan.matcher()
-        if think and plan.compiled is not None:  # plan_output checked its first byte
-            matcher = TaggedMatcher(plan.compiled, think)
+        tagged = None
+        if request.think and plan.compiled is not None:  # plan_output checked its first byte
+            matcher = tagged = TaggedMatcher(plan.compiled, request.think)
         self.hold_model(sampling.deadline if sampling.deadline is not None else time.monotonic())
         try:
             prompt = self.backend.render_chat(messages)
-            watchers: list[StepListener] = []
-            if listener is not None:  # opened once the prompt is known to fit: else a 400
-                watchers += [_OpensOnStart(listener.start), listener.listener]
+            watchers = _watchers(listener, tagged, request.max_tokens)
             generation = decode(self.backend, prompt, matcher, sampling, watchers)
-            if not isinstance(matcher, TaggedMatcher):
-                return generation, ""
-            return without_rationale(generation, matcher.rationale_bytes), matcher.rationale
+            if tagged is None:
+                return _Decoded(generation)
+            vocabulary = self.backend.vocabulary
+            return _answer_apart(generation, tagged, request.max_tokens, vocabulary)
         except ChatTemplateError as error:  # the template's own check refused the messages
-            raise ApiError(str(error), param="messages", code="invalid_messages") from error
+            param = request.fields.messages
+            raise ApiError(str(error), param=param, code="invalid_messages") from error
         except (CompileLimitError, ParserLimitError) as error:
             # The lazy automaton's states or a walk's stacks past their limit while decoding:
             # the constraint's, named as a compile's would be (it was a 500).
@@ -258,12 +266,112 @@ class Engine:
             raise ApiError(message, param=plan.constraint.source, code=code) from error
         except BackendError as error:
             if "n_ctx" in str(error):
-                raise ApiError(
-                    str(error), param="messages", code="context_length_exceeded"
-                ) from error
+                raise self._over_context(error, request, plan) from error
             raise
         finally:
             self.lock.release()
+
+    def _over_context(self, error: BackendError, request: ChatRequest, plan: Plan) -> ApiError:
+        """The 400 for a prompt over the context, naming what made it so: the request's
+        messages, or the constraint whose description the prompt carries when the messages
+        alone fit (a 3,000-entry guided_choice named ``messages``, which held one word).
+        Costs one more render and tokenization of the prompt (the lock is held)."""
+        bare = self.backend.render_chat(_prompt(request, ""))
+        bare_tokens = len(self.backend.tokenize_prompt(bare))
+        if bare_tokens >= self.backend.context_size:
+            param = request.fields.messages
+            return ApiError(f"{param}: {error}", param=param, code="context_length_exceeded")
+        source = plan.constraint.source
+        return ApiError(
+            f"{source}: its description in the prompt takes the prompt past the context "
+            f"({error}; {bare_tokens} tokens without it): shorten {source}",
+            param=source,
+            code="context_length_exceeded",
+        )
+
+
+def _prompt(request: ChatRequest, description: str) -> list[dict[str, str]]:
+    """The messages the model is given: the request's, the constraint's ``description``
+    and, with ``formline_think``, the request to think appended to the last one."""
+    messages = prompt_messages(request.messages, description)
+    return ask_to_think(messages) if request.think else messages
+
+
+class _Decoded(NamedTuple):
+    """A decoding loop's generation (without its rationale) and its rationale."""
+
+    generation: Generation
+    reasoning: str = ""
+    reasoning_tokens: int = 0
+
+
+def _watchers(
+    listener: ChoiceListener | None, tagged: TaggedMatcher | None, max_tokens: int
+) -> list[StepListener]:
+    """The choice's listeners on the loop; under ``tagged`` (``formline_think``) its answer
+    held to ``max_tokens`` tokens."""
+    watchers: list[StepListener] = []
+    inner = None
+    if listener is not None:  # opened once the prompt is known to fit: else a 400
+        watchers.append(_OpensOnStart(listener.start))
+        inner = listener.listener
+    if tagged is not None:
+        watchers.append(_AnswerBudget(tagged, max_tokens, inner))
+    elif inner is not None:
+        watchers.append(inner)
+    return watchers
+
+
+def _answer_apart(
+    generation: Generation, tagged: TaggedMatcher, max_tokens: int, vocabulary: Vocabulary
+) -> _Decoded:
+    """``generation`` without its rationale, its answer cut at ``max_tokens`` tokens
+    (``"length"``): the grammar's forced tokens come several in one step, past the
+    :class:`_AnswerBudget` that stops the loop at the next one."""
+    rationale_tokens = tagged.free_used
+    keep = rationale_tokens + max_tokens
+    if len(generation.token_ids) > keep:
+        tokens = generation.token_ids[:keep]
+        pieces, special = vocabulary.token_bytes, vocabulary.special_ids
+        data = b"".join(pieces[token] for token in tokens if token not in special)
+        finish = generation.finish_reason
+        generation = replace(
+            generation, token_ids=tokens, text=data.decode("utf-8", errors="replace"),
+            completion_tokens=keep, closing_tokens=0,
+            finish_reason=finish if finish in ("timeout", "cancelled") else "length",
+        )  # fmt: skip
+    answer = without_rationale(generation, tagged.rationale_bytes)
+    return _Decoded(answer, tagged.rationale, rationale_tokens)
+
+
+class _AnswerBudget(StepListener):
+    """Stops the loop (``"length"``) once the answer after a ``formline_think`` rationale
+    has ``max_tokens`` tokens, and shows ``inner`` (the choice's listener) none past them.
+    The loop's budget is the rationale's and the answer's together, so a rationale that
+    ended early left its tokens to the answer: max_tokens 5 gave an 85-token answer."""
+
+    def __init__(self, tagged: TaggedMatcher, max_tokens: int, inner: StepListener | None):
+        self.tagged, self.max_tokens = tagged, max_tokens
+        self.inner = inner if inner is not None else StepListener()
+
+    def on_start(self, prompt_tokens: int) -> None:
+        self.inner.on_start(prompt_tokens)
+
+    def on_logits(self, position: int, logits: Any, matcher: Any, forward_seconds: float) -> None:
+        self.inner.on_logits(position, logits, matcher, forward_seconds)
+
+    def on_masked(self, position: int, logits: Any, bitmask_row: Any) -> None:
+        self.inner.on_masked(position, logits, bitmask_row)
+
+    def on_token(self, position: int, token: int, matcher: Any) -> None:
+        self.inner.on_token(position, token, matcher)
+
+    def on_output(self, output: list[int]) -> str | None:
+        if not self.tagged.is_answering:
+            return self.inner.on_output(output)
+        cap = self.tagged.free_used + self.max_tokens
+        reason = self.inner.on_output(output[:cap])
+        return reason or ("length" if len(output) >= cap else None)
 
 
 class _OpensOnStart(StepListener):

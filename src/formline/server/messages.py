@@ -1,9 +1,11 @@
 """The ``messages`` of a chat completion body, checked and flattened for a chat template.
 
-Every message is an object with a ``role`` among :data:`ROLES`; its ``content`` is a string,
-``null`` or a list of text parts; an assistant's earlier ``tool_calls`` are written back as
-the JSON formline would have produced for them. Anything else is a 400 naming the field
-(``messages[2].tool_calls[0].function.arguments``), never a 500.
+Every message is an object with a ``role`` among :data:`ROLES` and no key its role does not
+take (:data:`MESSAGE_KEYS`); its ``content`` is a string or a list of text parts (``null``
+or absent only in an assistant's message with ``tool_calls``); an assistant's earlier
+``tool_calls`` are written back as the JSON formline would have produced for them. Anything
+else is a 400 naming the field (``messages[2].tool_calls[0].function.arguments``), never a
+500.
 """
 
 from __future__ import annotations
@@ -16,6 +18,19 @@ from formline.server.errors import ApiError, unsupported
 
 ROLES = {"system": "system", "developer": "system", "user": "user"}
 ROLES.update({"assistant": "assistant", "tool": "tool"})
+# The keys a message of each role may carry: read (role, content, tool_calls) or harmless
+# to leave out of the prompt (name: who speaks; tool_call_id: the call a result answers,
+# which the chat's order says; reasoning_content: the rationale of this server's own earlier
+# answer, echoed back, which was never part of the answer). Any other key was dropped
+# unread: {"role": "user", "contnet": "Hi"} answered an empty turn.
+_SPEAKER_KEYS = frozenset({"role", "content", "name"})
+MESSAGE_KEYS: dict[str, frozenset[str]] = {
+    "system": _SPEAKER_KEYS,
+    "developer": _SPEAKER_KEYS,
+    "user": _SPEAKER_KEYS,
+    "assistant": _SPEAKER_KEYS | {"tool_calls", "reasoning_content"},
+    "tool": _SPEAKER_KEYS | {"tool_call_id"},
+}
 MAX_NESTING = 200  # JSON levels in a request body (and in the JSON texts inside it)
 
 
@@ -34,30 +49,54 @@ def parse_messages(messages: Any) -> list[dict[str, str]]:
     return [parse_message(message, f"messages[{index}]") for index, message in enumerate(messages)]
 
 
-def parse_message(message: Any, where: str) -> dict[str, str]:
-    """One message (at ``where`` in the request) as ``{"role", "content"}`` strings.
+def parse_message(
+    message: Any, where: str, keys: dict[str, frozenset[str]] = MESSAGE_KEYS
+) -> dict[str, str]:
+    """One message (at ``where`` in the request) as ``{"role", "content"}`` strings;
+    ``keys``: the roles allowed and the keys a message of each may carry (a key whose value
+    is ``null`` counts as absent, as in the body).
 
     Raises:
-        ApiError: 400 naming the field at fault (see :func:`parse_messages`).
+        ApiError: 400 naming the field at fault (see :func:`parse_messages`), an unknown key
+            (``unsupported_parameter``), or a missing content (an assistant's may be left out
+            for its ``tool_calls``).
     """
     if not isinstance(message, dict):
         raise ApiError(f"{where} must be an object", param=where, code="invalid_type")
     role = message.get("role")
-    if not isinstance(role, str) or role not in ROLES:
+    if not isinstance(role, str) or role not in keys:
         raise ApiError(
-            f"{where}.role must be one of {sorted(ROLES)}", param=f"{where}.role",
+            f"{where}.role must be one of {sorted(keys)}", param=f"{where}.role",
             code="invalid_value",
         )  # fmt: skip
-    for key in ("name", "tool_call_id"):
+    refuse_unread(message, keys[role], where, f"a field of {role} messages")
+    for key in ("name", "tool_call_id", "reasoning_content"):
         if message.get(key) is not None and not isinstance(message[key], str):
             raise ApiError(
                 f"{where}.{key} must be a string", param=f"{where}.{key}", code="invalid_type"
             )
+    if message.get("content") is None and (role != "assistant" or not message.get("tool_calls")):
+        raise ApiError(
+            f"{where}.content is required" + ("" if role != "assistant" else " without tool_calls"),
+            param=f"{where}.content", code="missing_required",
+        )  # fmt: skip
     content = parse_content(message.get("content"), f"{where}.content")
     calls = _tool_calls(message.get("tool_calls"), role, f"{where}.tool_calls")
     if calls:
         content = (content + "\n" if content else "") + calls
     return {"role": ROLES[role], "content": content}
+
+
+def refuse_unread(item: dict[str, Any], keys: frozenset[str], where: str, why: str) -> None:
+    """A 400 for the first key of ``item`` (not ``null``) outside ``keys``, which nothing
+    would read: ``why`` says what ``keys`` are.
+
+    Raises:
+        ApiError: 400 (``unsupported_parameter``) naming ``where.<key>``.
+    """
+    unread = sorted(key for key, value in item.items() if key not in keys and value is not None)
+    if unread:
+        raise unsupported(f"{where}.{unread[0]}", f"not {why} ({', '.join(sorted(keys))})")
 
 
 def _tool_calls(calls: Any, role: str, where: str) -> str:

@@ -76,9 +76,28 @@ class Tool:
     strict: bool
 
 
+@dataclass(frozen=True)
+class ApiFields:
+    """How one API names the request fields its errors point at: a Responses body has no
+    ``messages`` and flat tools, so its errors named fields it does not have
+    (``tools[0].function.parameters`` for its ``tools[0].parameters``)."""
+
+    messages: str = "messages"  # what the prompt's conversation comes from
+    tool_parameters: str = "tools[{index}].function.parameters"
+
+    def parameters_of(self, index: int) -> str:
+        """The field of tool ``index``'s parameters schema."""
+        return self.tool_parameters.format(index=index)
+
+
+CHAT_FIELDS = ApiFields()
+RESPONSES_FIELDS = ApiFields(messages="input", tool_parameters="tools[{index}].parameters")
+
+
 @dataclass
 class ChatRequest:
-    """A checked chat completion request."""
+    """A checked chat completion request (``fields``: the API's names for its fields, in
+    errors)."""
 
     model: str
     messages: list[dict[str, str]]
@@ -96,6 +115,7 @@ class ChatRequest:
     parallel_tool_calls: bool = True  # OpenAI's default: several calls in one answer
     max_tool_calls: int = 8  # the server's limit (Limits.max_tool_calls)
     think: int = 0  # formline_think: free rationale tokens before a JSON answer
+    fields: ApiFields = CHAT_FIELDS
 
 
 def request_too_large(size: str, limits: Limits) -> ApiError:

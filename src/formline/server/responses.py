@@ -14,12 +14,15 @@ def new_id() -> str:
     return f"chatcmpl-{uuid.uuid4().hex[:24]}"
 
 
-def usage(completion: Completion) -> dict[str, int]:
-    """OpenAI's ``usage`` object (the prompt counted once; completions summed over n)."""
+def usage(completion: Completion) -> dict[str, Any]:
+    """OpenAI's ``usage`` object (the prompt counted once; completions summed over n), with
+    the ``formline_think`` rationales' share of the completion tokens as OpenAI reports a
+    reasoning model's."""
     return {
         "prompt_tokens": completion.prompt_tokens,
         "completion_tokens": completion.completion_tokens,
         "total_tokens": completion.prompt_tokens + completion.completion_tokens,
+        "completion_tokens_details": {"reasoning_tokens": completion.reasoning_tokens},
     }
 
 

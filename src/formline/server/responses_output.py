@@ -98,7 +98,8 @@ def output_items(choice: ChoiceOutput) -> list[dict[str, Any]]:
 
 
 def usage_object(completion: Completion) -> dict[str, Any]:
-    """The Responses API's ``usage`` (no cache, no reasoning tokens in formline)."""
+    """The Responses API's ``usage`` (no cache; no rationale: the Responses API has no
+    ``formline_think``)."""
     return {
         "input_tokens": completion.prompt_tokens,
         "input_tokens_details": {"cached_tokens": 0, "cache_write_tokens": 0},

@@ -20,8 +20,9 @@ from typing import Any
 
 from formline.constraint import Constraint
 from formline.server.errors import ApiError, unsupported
-from formline.server.messages import call_text, parse_content, parse_message
+from formline.server.messages import call_text, parse_content, parse_message, refuse_unread
 from formline.server.requests import (
+    RESPONSES_FIELDS,
     ChatRequest,
     Limits,
     Tool,
@@ -66,6 +67,17 @@ REFUSED = {
 FORMAT_KEYS = {"text": {"type"}, "json_object": {"type"}}
 FORMAT_KEYS["json_schema"] = {"type", "name", "schema", "strict", "description"}
 TEXT_PART_TYPES = ("input_text", "output_text", "text")
+# The keys of each input item: read, or bookkeeping of an earlier response (id, status;
+# call_id: the call an output answers, which the items' order says). Any other key was
+# dropped unread: {"role": "user", "text": "hi"} answered an empty turn.
+_BOOKKEEPING = frozenset({"type", "id", "status"})
+ITEM_KEYS = {
+    "function_call": _BOOKKEEPING | {"name", "arguments", "call_id"},
+    "function_call_output": _BOOKKEEPING | {"output", "call_id"},
+}
+# A message item's roles (no "tool": a call's result is a function_call_output item).
+_MESSAGE_KEYS = frozenset({"role", "content"})
+MESSAGE_KEYS = {role: _MESSAGE_KEYS for role in ("system", "developer", "user", "assistant")}
 
 
 @dataclass
@@ -114,6 +126,7 @@ def parse_responses_request(body: dict[str, Any], limits: Limits) -> ResponsesRe
         named_tool=named,
         parallel_tool_calls=read_boolean(body, "parallel_tool_calls", True),
         max_tool_calls=min(max_calls, limits.max_tool_calls),
+        fields=RESPONSES_FIELDS,
     )
     return ResponsesRequest(chat, _echo(body, chat, text_echo))
 
@@ -238,27 +251,38 @@ def _messages(body: dict[str, Any]) -> list[dict[str, str]]:
 
 
 def _item(item: Any, where: str) -> dict[str, str]:
+    """One ``input`` item (at ``where``) as a chat message.
+
+    Raises:
+        ApiError: 400 naming the field at fault: an unknown type or key, a missing content
+            or output, a malformed call.
+    """
     if not isinstance(item, dict):
         raise ApiError(f"{where} must be an object", param=where, code="invalid_type")
     kind = item.get("type", "message")
     if kind == "message":
-        message = {key: value for key, value in item.items() if key not in ("type", "id", "status")}
+        message = {key: value for key, value in item.items() if key not in _BOOKKEEPING}
         if isinstance(message.get("content"), list):
             message["content"] = [_text_part(part) for part in message["content"]]
-        return parse_message(message, where)
+        return parse_message(message, where, MESSAGE_KEYS)
+    if kind not in ITEM_KEYS:
+        raise unsupported(
+            f"{where}.type", f"{kind!r}; use message, function_call or function_call_output"
+        )
+    refuse_unread(item, ITEM_KEYS[kind], where, f"a field of {kind} items")
     if kind == "function_call":
         text = call_text(
             item.get("name"), item.get("arguments"), f"{where}.name", f"{where}.arguments"
         )
         return {"role": "assistant", "content": text}
-    if kind == "function_call_output":
-        output = item.get("output")
-        if isinstance(output, list):
-            output = [_text_part(part) for part in output]
-        return {"role": "tool", "content": parse_content(output, f"{where}.output")}
-    raise unsupported(
-        f"{where}.type", f"{kind!r}; use message, function_call or function_call_output"
-    )
+    output = item.get("output")
+    if output is None:
+        raise ApiError(
+            f"{where}.output is required", param=f"{where}.output", code="missing_required"
+        )
+    if isinstance(output, list):
+        output = [_text_part(part) for part in output]
+    return {"role": "tool", "content": parse_content(output, f"{where}.output")}
 
 
 def _text_part(part: Any) -> Any:
