@@ -9,7 +9,8 @@ from typing import Any
 import jsonschema
 import pytest
 
-from formline.cli.main import main
+from formline.cli.generation import output_spec
+from formline.cli.main import build_parser, main
 
 PERSON = Path(__file__).resolve().parents[2] / "examples" / "person.json"
 
@@ -171,3 +172,18 @@ def test_demo_and_compile_read_the_embedded_models_vocabulary(
     schema.write_text(json.dumps({"type": "integer"}))
     assert main(["compile", "--schema", str(schema)]) == 0
     assert "fixture" not in capsys.readouterr().err
+
+
+def test_an_empty_regex_is_a_constraint_and_an_empty_choice_an_error() -> None:
+    # Both tests were truthiness: --regex '' generated free text, "a,,b" added "".
+    regex = build_parser().parse_args(["generate", "--regex", "", "hi"])
+    assert output_spec(regex) is not None
+    choices = build_parser().parse_args(["generate", "--choices", "a,,b", "hi"])
+    with pytest.raises(SystemExit, match="empty option"):
+        output_spec(choices)
+
+
+def test_demo_max_tokens_below_one_is_a_usage_error(capsys: Any) -> None:
+    with pytest.raises(SystemExit) as caught:  # it ran and printed "mask p50 nan µs"
+        main(["demo", "--max-tokens", "0"])
+    assert caught.value.code == 2 and "--max-tokens" in capsys.readouterr().err

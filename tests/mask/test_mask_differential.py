@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 from helpers_mask import JSON_GBNF
 
+from formline import GrammarCompiler
 from formline.grammar import Grammar
 from formline.mask import GrammarMatcher, compile_grammar
 from formline.mask.reference import brute_force_allowed_ids
@@ -106,3 +107,27 @@ def test_fast_mask_equals_brute_force_at_random_states(
             if matcher.is_terminated():
                 break
     assert checked >= (3 if name == "qwen2" else 5)
+
+
+def test_a_borrowed_piece_leaves_no_valid_token_out() -> None:
+    # The walk skipped a subtree of the target state's own closed piece when its node was
+    # still inside the start state's piece: [€-é-] then "{üa" left "  \\é" out of the mask
+    # (accept_token took it).
+    vocabulary = Vocabulary.from_list(
+        [b"<eos>", "€-é-".encode(), "{üa".encode(), "  \\é".encode()], eos_ids=[0], vocab_size=4
+    )
+    compiled = GrammarCompiler(vocabulary).compile_grammar(Grammar.from_regex(r"([é-ü]|[^é]+)+a"))
+    matcher = GrammarMatcher(compiled)
+    assert matcher.accept_token(1) and matcher.accept_token(2)
+    assert matcher.allowed_token_ids().tolist() == brute_force_allowed_ids(matcher).tolist()
+
+
+def test_pieces_of_an_earlier_grammar_leave_no_valid_token_out(smollm2_vocab) -> None:
+    # Pieces are shared through the vocabulary's token table: after a JSON string's, the
+    # walk of this regex borrowed one and refused 89 valid tokens ('."', '("', ',"', ...).
+    compiler = GrammarCompiler(smollm2_vocab)
+    earlier = compiler.compile_json_schema({"type": "string"}).matcher()
+    assert earlier.accept_string('"') and earlier.allowed_token_ids().size
+    compiled = compiler.compile_grammar(Grammar.from_regex(r"(ab)?[^\n]*\n"))
+    matcher = GrammarMatcher(compiled)
+    assert matcher.allowed_token_ids().tolist() == brute_force_allowed_ids(matcher).tolist()

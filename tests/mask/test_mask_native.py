@@ -34,6 +34,7 @@ from formline.vocab import Vocabulary
 from formline.vocab.fixtures import fixture_path
 
 VOCABULARY = synthetic_vocabulary()
+OPEN = VOCABULARY.token_bytes.index(b"(")
 
 # A called whitespace rule that can end at once: most tokens starting with a space leave it
 # part-way, so nearly every mask needs the escape leftovers checked against the stack below.
@@ -637,6 +638,26 @@ def test_the_step_cache_is_bounded_and_a_limit_is_not_cached() -> None:
             matcher.accept_token(3)
         assert matcher.state_key() == before
         assert (before[0], 3) not in compiled.kernel.steps
+
+
+def test_the_step_cache_is_bounded_in_states_too() -> None:
+    # Counted in entries alone, a nested grammar's deep configurations held GBs: 65,536
+    # steps, each keeping a whole stack (20,000 brackets deep: 6.2 GB).
+    dyck = Grammar.from_ebnf('root ::= x\nx ::= "(" x ")" x | ""')
+    compiled = compile_grammar(dyck, VOCABULARY, disk_cache=False)
+    small = NativeMaskKernel(
+        compiled.table, compiled.automaton.native, compiled.eos_ids, 1 << 20, 1 << 16, 40
+    )
+    stacks = GrammarMatcher(compiled).state_key()[0]
+    most = 0
+    for _ in range(30):  # deeper at each step: more states in each new configuration
+        stepped = small.step(stacks, OPEN)
+        assert stepped == compiled.kernel.step(stacks, OPEN)
+        stacks = stepped[0]
+        most = max(most, small.step_cache_states)
+        newest = sum(map(len, stacks))  # kept even alone past the bound
+        assert small.step_cache_states <= max(40, newest)
+    assert most > 20 and len(small.steps) < 30  # emptied along the way
 
 
 def test_a_token_table_read_past_its_data_or_vocabulary_is_refused() -> None:

@@ -89,13 +89,21 @@ def add_output_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def output_spec(arguments: argparse.Namespace) -> Any:
-    """The ``output=`` of :func:`formline.generate` from the command-line flags."""
-    if getattr(arguments, "schema", None):
+    """The ``output=`` of :func:`formline.generate` from the command-line flags (``None``
+    where none is given). An empty ``--regex ''`` is the empty language's text, not no
+    constraint (it generated free text).
+
+    Raises:
+        SystemExit: ``--choices`` with an empty option (argparse's usage error)."""
+    if getattr(arguments, "schema", None) is not None:
         return schema_of(Path(arguments.schema).read_text(encoding="utf-8"))
-    if getattr(arguments, "regex", None):
+    if getattr(arguments, "regex", None) is not None:
         return Regex(arguments.regex)
-    if getattr(arguments, "choices", None):
-        return Choice([option.strip() for option in arguments.choices.split(",")])
+    if getattr(arguments, "choices", None) is not None:
+        options = [option.strip() for option in arguments.choices.split(",")]
+        if not all(options):  # "a,,b" added "" silently, and "" allowed free text
+            raise SystemExit(f"formline: --choices {arguments.choices!r} has an empty option")
+        return Choice(options)
     return None
 
 

@@ -20,6 +20,7 @@ from pathlib import Path
 import numpy as np
 
 from formline.backends.base import BackendError, default_model_path
+from formline.cli.arguments import at_least
 from formline.cli.generation import EXIT_BACKEND
 from formline.cli.generation import register as register_generation
 from formline.evaluation.cli import register as register_evaluation
@@ -155,7 +156,7 @@ def build_parser() -> argparse.ArgumentParser:
     commands = parser.add_subparsers(dest="command", required=True)
     demo = commands.add_parser("demo", help="constrained generation over a real vocabulary")
     demo.add_argument("--vocabulary", help="a GGUF file (default: the embedded SmolLM2)")
-    demo.add_argument("--max-tokens", type=int, default=64)
+    demo.add_argument("--max-tokens", type=at_least(1, int), default=64)
     demo.add_argument("--seed", type=int, default=0)
     demo.set_defaults(handler=run_demo)
     compile_command = commands.add_parser("compile", help="compile a grammar, print its cost")

@@ -32,7 +32,7 @@ from formline.grammar.ir import (
     RuleReference,
     Sequence,
 )
-from formline.grammar.nodes import require_utf8
+from formline.grammar.nodes import repeat, require_utf8
 from formline.grammar.regex import MAX_GROUP_DEPTH, MAX_REPEAT, parse_regex
 from formline.grammar.utf8 import CodePointRanges, code_points_to_node, complement, normalize
 
@@ -165,16 +165,18 @@ class _EbnfParser:
             len((count or "").lstrip("0")) > len(str(MAX_REPEAT)) for count in match.groups()[::2]
         ):
             raise self.error(f"repetition count above {MAX_REPEAT}", start)
-        minimum = int(match.group(1))
+        # Read without the leading zeros the length check dropped (int() of "0" * 10,000 +
+        # "1" raised a bare ValueError).
+        minimum = int(match.group(1).lstrip("0") or "0")
         maximum: int | None = minimum
         if match.group(2):
-            maximum = int(match.group(3)) if match.group(3) else None
+            maximum = int(match.group(3).lstrip("0") or "0") if match.group(3) else None
         if max(minimum, maximum or 0) > MAX_REPEAT:
             raise self.error(f"repetition count above {MAX_REPEAT}", start)
         if maximum is not None and maximum < minimum:
             raise self.error(f"repetition {{{body}}} has max below min", start)
         self.position = closing + 1
-        return Repeat(node, minimum, maximum)
+        return repeat(node, minimum, maximum)
 
     def parse_primary(self) -> Node:
         start = self.position

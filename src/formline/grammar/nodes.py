@@ -387,6 +387,24 @@ def optional(node: Node) -> Node:
     return Repeat(node, 0, 1)
 
 
+def repeat(item: Node, minimum: int, maximum: int | None) -> Node:
+    """``item{minimum,maximum}``, where an optional or starred ``item``'s copies are merged:
+    ``(y?){m,n}`` is ``y{0,n}`` and ``(y*){m,n}`` is ``y*`` (n at least 1), the same
+    language. Each copy of a nullable item is crossed without a byte, so a DFA state of
+    ``(a?){100000}`` held all 100,000 copies: 3,000 bytes took 36 s and 2.4 GB to walk.
+
+    Raises:
+        GrammarError: ``maximum`` below ``minimum``, or a negative bound."""
+    if isinstance(item, Repeat) and item.minimum == 0 and (maximum is None or maximum >= 1):
+        if maximum is not None and maximum < minimum:
+            raise GrammarError(f"invalid repetition bounds {{{minimum},{maximum}}}")
+        if item.maximum == 1:
+            return Repeat(item.item, 0, maximum)
+        if item.maximum is None:
+            return item
+    return Repeat(item, minimum, maximum)
+
+
 def walk(node: Node) -> Iterator[Node]:
     """Each distinct node under ``node`` once, depth first. Iterative (deep trees do not hit
     the recursion limit), and a subtree shared by several parents is visited once (by

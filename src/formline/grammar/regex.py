@@ -29,10 +29,9 @@ from formline.grammar.ir import (
     GrammarError,
     Literal,
     Node,
-    Repeat,
     Sequence,
 )
-from formline.grammar.nodes import require_utf8
+from formline.grammar.nodes import repeat, require_utf8
 from formline.grammar.utf8 import CodePointRanges, code_points_to_node, complement, normalize
 
 DIGIT: CodePointRanges = [(0x30, 0x39)]
@@ -161,7 +160,7 @@ class RegexParser:
             bounds = self.parse_quantifier()
             if bounds is None:
                 break
-            node = Repeat(node, bounds[0], bounds[1])
+            node = repeat(node, bounds[0], bounds[1])
             if self.peek() == "?":  # lazy: same language
                 self.position += 1
             elif self.peek() == "+":
@@ -188,8 +187,10 @@ class RegexParser:
         # int() of a 5,000-digit count raised a bare ValueError (Python's 4,300-digit limit).
         if any(len(part.lstrip("0")) > len(str(MAX_REPEAT)) for part in (low, high)):
             raise self.error(f"repetition count above {MAX_REPEAT}", start)
-        minimum = int(low) if low else 0
-        maximum: int | None = (int(high) if high else None) if comma else minimum
+        # Read without the leading zeros the length check dropped: "0" * 10,000 + "1" passed
+        # it, and int() of the whole raised the same bare ValueError (a 500 in the server).
+        minimum = int(low.lstrip("0") or "0") if low else 0
+        maximum: int | None = (int(high.lstrip("0") or "0") if high else None) if comma else minimum
         if max(minimum, maximum or 0) > MAX_REPEAT:
             raise self.error(f"repetition count above {MAX_REPEAT}", start)
         if maximum is not None and maximum < minimum:

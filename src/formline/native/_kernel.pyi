@@ -50,6 +50,8 @@ class NativeAutomaton:
 class NativeMaskKernel:
     words: int
     step_cache_entries: int
+    step_cache_states: int
+    step_cache_state_limit: int
     steps: dict[tuple[frozenset[tuple[int, ...]], int], Any]
     def __init__(
         self,
@@ -58,6 +60,7 @@ class NativeMaskKernel:
         eos_ids: np.ndarray,
         cache_limit_bytes: int,
         step_cache_entries: int = 65536,
+        step_cache_state_limit: int = 2097152,
     ) -> None: ...
     def fill(self, stacks: frozenset[tuple[int, ...]], can_end: bool, out: np.ndarray) -> int: ...
     def advance(

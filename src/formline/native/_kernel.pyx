@@ -879,6 +879,11 @@ cdef class NativeMaskKernel:
     cdef readonly int words
     cdef readonly dict steps  # (configuration, token id) -> step(): accept_token's cache
     cdef readonly Py_ssize_t step_cache_entries
+    # The states the cached steps' configurations hold, and their bound: counted in entries
+    # alone, 65,536 steps of a nested or ambiguous grammar's configurations held GBs (an
+    # ambiguous nullable grammar: 1.4 GB after 1,000 tokens, 97 MB with 4 entries).
+    cdef readonly Py_ssize_t step_cache_states
+    cdef readonly Py_ssize_t step_cache_state_limit
 
     def __cinit__(
         self,
@@ -887,10 +892,13 @@ cdef class NativeMaskKernel:
         const int32_t[::1] eos_ids,
         long long cache_limit_bytes,
         Py_ssize_t step_cache_entries=1 << 16,
+        Py_ssize_t step_cache_state_limit=1 << 21,
     ):
         cdef int32_t dummy = 0
         self.steps = {}
         self.step_cache_entries = max(1, step_cache_entries)
+        self.step_cache_states = 0
+        self.step_cache_state_limit = max(1, step_cache_state_limit)
         cdef const int32_t* eos_pointer = &eos_ids[0] if eos_ids.shape[0] else &dummy
         self.table = table
         self.automaton = automaton
@@ -935,7 +943,8 @@ cdef class NativeMaskKernel:
         Costs a dictionary lookup when cached (decoding meets the same configurations again:
         inside a string every character leaves it where it was), else the step. One C call:
         through two Python methods, a step not cached cost 1.42 µs (p50, MaskBench's steps),
-        1.08 now; the cache is emptied once it holds ``step_cache_entries`` steps."""
+        1.08 now; the cache is emptied once it holds ``step_cache_entries`` steps, or its
+        new configurations ``step_cache_state_limit`` states (about 36 bytes each)."""
         return self.cached_step(stacks, token)
 
     cdef object cached_step(self, stacks, token):
@@ -956,9 +965,16 @@ cdef class NativeMaskKernel:
             )
             if type(result) is int:
                 return result  # a limit: not cached, the caller raises
-        if len(self.steps) >= self.step_cache_entries:
+        cdef Py_ssize_t states = 0
+        if result is not None and (<tuple>result)[0] is not stacks:
+            for stack in (<tuple>result)[0]:
+                states += len(<tuple>stack)
+        if (len(self.steps) >= self.step_cache_entries
+                or self.step_cache_states + states > self.step_cache_state_limit):
             self.steps.clear()  # dict operations hold the GIL: no lock needed
+            self.step_cache_states = 0
         self.steps[key] = result
+        self.step_cache_states += states
         return result
 
     cdef object _advance_guarded(self, stacks, const uint8_t* pointer, int32_t length):
