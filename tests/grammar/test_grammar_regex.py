@@ -79,6 +79,8 @@ def test_unicode_classes_produce_valid_utf8_only() -> None:
         ("a{3,1}", 1, "min repeat greater"),
         (r"\xZZ", 0, "bad escape"),
         ("a{1000001}", 1, "repetition count"),
+        ("a{2}{3}", 4, "multiple repeat"),  # was read as a{6}; Python and ECMA refuse it
+        ("a{2}?{3}", 5, "multiple repeat"),
     ],
 )
 def test_malformed_regex_names_the_position(pattern: str, position: int, fragment: str) -> None:

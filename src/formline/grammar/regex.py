@@ -166,9 +166,18 @@ class RegexParser:
             elif self.peek() == "+":
                 raise self.error("possessive quantifiers are not supported")
             following = self.peek()
-            if following is not None and following in "*+?":
+            # A second quantifier, a brace one too: a{2}{3} was read as a{6}, where Python
+            # and ECMA-262 both refuse it ("multiple repeat", "nothing to repeat").
+            is_brace = following == "{" and self.is_brace_quantifier_at(self.position)
+            if following is not None and (following in "*+?" or is_brace):
                 raise self.error("multiple repeat")
         return node
+
+    def is_brace_quantifier_at(self, position: int) -> bool:
+        """Whether a quantifier in braces starts at ``position`` (Python's: ``{}`` is a
+        literal, ``{,n}`` a quantifier); a dialect overrides it."""
+        match = BRACE_QUANTIFIER.match(self.pattern, position)
+        return match is not None and match.group() != "{}"
 
     def parse_quantifier(self) -> tuple[int, int | None] | None:
         character = self.take()

@@ -177,6 +177,9 @@ class EcmaScriptParser(RegexParser):
     def literal_node(self, character: str) -> Node:
         return json_string_character([(ord(character), ord(character))])
 
+    def is_brace_quantifier_at(self, position: int) -> bool:
+        return _is_brace_quantifier(self.pattern, position)
+
     def parse_quantifier(self) -> tuple[int, int | None] | None:
         if self.peek() == "{" and not _is_brace_quantifier(self.pattern, self.position):
             return None  # ECMA-262 Annex B: a literal '{' ({,n} is not a quantifier either)
