@@ -10,7 +10,7 @@ import pytest
 
 from formline.parser.pushdown import build_pushdown
 from formline.schema import SchemaError, bounded_patterns, schema_to_grammar
-from formline.schema.api import SchemaCheck
+from formline.schema.api import SchemaCheck, serialize_like_schema
 
 DRAFT4 = "http://json-schema.org/draft-04/schema#"
 
@@ -158,3 +158,25 @@ def test_a_pattern_nested_past_pythons_depth_is_a_schema_error() -> None:
     pattern = "(" * 600 + "a" + ")" * 600  # a RecursionError in the format check: a 500
     with pytest.raises(SchemaError, match="pattern"):
         schema_to_grammar({"type": "string", "pattern": pattern})
+
+
+@pytest.mark.parametrize(
+    ("schema", "value"),
+    [
+        ({"const": {"x": {"b": 1, "a": 2}}}, {"x": {"a": 2, "b": 1}}),
+        ({"enum": [[{"b": 1, "a": [{"d": 0, "c": 1}]}]]}, [{"a": [{"c": 1, "d": 0}], "b": 1}]),
+        (
+            {
+                "$ref": "#/$defs/T",
+                "allOf": [{"properties": {"b": {}}}],
+                "$defs": {"T": {"properties": {"a": {}}}},
+            },
+            {"a": 1, "b": 2},
+        ),
+    ],
+)
+def test_serialize_writes_what_the_grammar_writes(schema: Any, value: Any) -> None:
+    # Nested literals kept the value's own key order, and a $ref's sibling allOf was merged
+    # after its target: the "text the grammar writes" was refused by the grammar.
+    text = serialize_like_schema(schema, value)
+    assert json.loads(text) == value and accepts(schema, text)

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from formline.schema.merge import as_object, merge
+from formline.schema.merge import as_object, json_equal, merge
 from formline.schema.objects import member_schema
 
 MAX_DEPTH = 64
@@ -38,6 +38,12 @@ class _Orderer:
         if depth > MAX_DEPTH or not isinstance(schema, dict):
             return instance
         schema, resolver = self.flatten(schema, resolver, depth)
+        if isinstance(instance, dict | list):
+            # A const/enum literal is written as the schema writes it, at every depth
+            # (only a top-level object was: {"x": {"a": 2, "b": 1}} kept its own order).
+            for value in schema.get("enum", [schema["const"]] if "const" in schema else []):
+                if json_equal(value, instance):
+                    return _like(value, instance)
         for keyword in ("anyOf", "oneOf"):
             if keyword in schema:
                 rest = {key: value for key, value in schema.items() if key != keyword}
@@ -58,6 +64,10 @@ class _Orderer:
             if "$ref" in schema:
                 resolved = resolver.lookup(schema["$ref"])
                 rest = {key: value for key, value in schema.items() if key != "$ref"}
+                if "allOf" in rest and not self.is_draft7:
+                    # The siblings' allOf before the target, as the compiler merges them:
+                    # merged after it, {"$ref": T, "allOf": [B]} wrote T's keys first.
+                    rest, _ = self.flatten(rest, resolver, depth + 1)
                 target = as_object(resolved.contents, "")
                 # 2020-12: siblings apply and come first (as the compiler merges them);
                 # draft 7 ignores them.
@@ -82,9 +92,6 @@ class _Orderer:
     def order_object(
         self, schema: dict[str, Any], instance: dict[str, Any], resolver: Any, depth: int
     ) -> dict[str, Any]:
-        for value in schema.get("enum", [schema["const"]] if "const" in schema else []):
-            if isinstance(value, dict) and value == instance:
-                return {key: instance[key] for key in value}
         properties = schema.get("properties", {})
         declared = list(properties) + [
             name for name in schema.get("required", []) if name not in properties
@@ -107,3 +114,13 @@ class _Orderer:
             self.order(prefix[index] if index < len(prefix) else items, item, resolver, depth + 1)
             for index, item in enumerate(instance)
         ]
+
+
+def _like(literal: Any, instance: Any) -> Any:
+    """``instance`` (JSON-equal to ``literal``) with every object's keys in ``literal``'s
+    order."""
+    if isinstance(literal, dict) and isinstance(instance, dict):
+        return {key: _like(literal[key], instance[key]) for key in literal}
+    if isinstance(literal, list) and isinstance(instance, list):
+        return [_like(left, right) for left, right in zip(literal, instance, strict=True)]
+    return instance
