@@ -221,3 +221,12 @@ def test_the_eviction_leaves_files_the_cache_did_not_write(tmp_path: Path) -> No
     assert not stale_writer.exists()
     assert sorted(path.name for path in tmp_path.iterdir()) == sorted(foreign)  # its entry
     # went too, past the limit
+
+
+def test_an_entry_is_as_readable_as_a_file_the_process_writes(tmp_path: Path) -> None:
+    # mkstemp's 0600 stayed on the entry: a folder shared between users could not be read.
+    compile_grammar(LETTERS, VOCABULARY, disk_cache=tmp_path)
+    (entry,) = tmp_path.glob("*.npz")
+    plain = tmp_path / "plain"
+    plain.write_bytes(b"")
+    assert entry.stat().st_mode & 0o777 == plain.stat().st_mode & 0o777

@@ -80,3 +80,13 @@ def test_a_reason_key_that_a_pattern_property_would_judge_is_named() -> None:
     )
     with pytest.raises(SchemaError, match=r"'k_other' matches patternProperties '_other\$'"):
         apply_escape_hatches(schema, True)
+
+
+@pytest.mark.parametrize("judge", [{}, {"type": "string"}])
+def test_a_catch_all_pattern_that_takes_the_reason_is_no_obstacle(
+    judge: dict[str, Any], smollm2_vocab: Any
+) -> None:
+    schema = required({"type": "string", "enum": ["a", "b"]}, patternProperties={".*": judge})
+    hatched = apply_escape_hatches(schema, True)  # raised SchemaError for any match
+    compiled = compile_schema(hatched, smollm2_vocab, disk_cache=False)
+    assert compiled.check({"k": "other", "k_other": "c"}) == []

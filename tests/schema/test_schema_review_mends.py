@@ -180,3 +180,21 @@ def test_serialize_writes_what_the_grammar_writes(schema: Any, value: Any) -> No
     # after its target: the "text the grammar writes" was refused by the grammar.
     text = serialize_like_schema(schema, value)
     assert json.loads(text) == value and accepts(schema, text)
+
+
+def test_key_patterns_of_the_after_check_are_bounded_too(monkeypatch) -> None:
+    # patternProperties and additionalProperties ran re.search on the keys: 4.5 s on a
+    # 26-character key, holding the GIL.
+    monkeypatch.setattr(bounded_patterns, "PATTERN_SECONDS", 0.05)
+    hostile = "^(?!x)(a|a)*$"
+    key = "a" * 60 + "b"
+    for schema in (
+        {"patternProperties": {hostile: {"type": "integer"}}},
+        {"patternProperties": {hostile: {}}, "additionalProperties": False},
+    ):
+        findings = SchemaCheck(schema).check({key: 1})
+        assert findings and all("was not decided on the key" in text for text in findings)
+    closed = {"properties": {"a": {}}, "additionalProperties": False}
+    assert SchemaCheck(closed).check({"a": 1, "b": 2, "c": 3}) == [
+        "Additional properties are not allowed ('b', 'c' were unexpected) (at /)"
+    ]

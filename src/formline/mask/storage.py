@@ -22,6 +22,7 @@ caller's. A refused entry is deleted, so it costs one rebuild, not one per compi
 from __future__ import annotations
 
 import contextlib
+import functools
 import io
 import json
 import os
@@ -296,6 +297,9 @@ def store(directory: Path, compiled: CompiledGrammar, limit_bytes: int) -> None:
             suffix=TEMPORARY_SUFFIX, prefix=f"{compiled.key}.", dir=directory
         )
         temporary = Path(name)
+        # mkstemp's 0600 kept a cache folder shared between users or containers unreadable
+        # to all but its writer (each recompiled): the mode open() would give, as before.
+        os.fchmod(descriptor, 0o666 & ~_umask())
         with os.fdopen(descriptor, "wb") as file:
             file.write(serialize(compiled))
         temporary.replace(directory / f"{compiled.key}{SUFFIX}")
@@ -303,6 +307,17 @@ def store(directory: Path, compiled: CompiledGrammar, limit_bytes: int) -> None:
     except OSError:
         if temporary is not None:
             _remove(temporary)  # a full disk left the partial file for an hour
+
+
+@functools.cache
+def _umask() -> int:
+    """The process's umask, read without setting it (``os.umask`` sets it, for every
+    thread at once); 0o022 where /proc does not say."""
+    with contextlib.suppress(OSError, ValueError):
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("Umask:"):
+                return int(line.split()[1], 8)
+    return 0o022
 
 
 def evict(directory: Path, limit_bytes: int) -> None:

@@ -217,7 +217,7 @@ class _Loop:
 
     def run(self, prompt_ids: list[int]) -> str:
         """The step loop; fills :attr:`output` and returns the finish reason."""
-        matcher, sampling = self.matcher, self.sampling
+        matcher, sampling = self.matcher, self.sampling  # sampling's budget: self.sampling's
         # A grammar can force its opening bytes ('{"name":"'): they share the prompt's pass.
         self.output = self.forced(sampling.max_tokens, len(prompt_ids))
         if sampling.deadline is not None and time.monotonic() > sampling.deadline:
@@ -237,7 +237,7 @@ class _Loop:
         self.prompt_seconds = self.forward_seconds
         if matcher is not None and self.output and matcher.is_only_stop_allowed():
             return "stop"  # the grammar forced all of its text
-        while len(self.output) < sampling.max_tokens and self.fed < self.engine.context_size:
+        while len(self.output) < self.sampling.max_tokens and self.fed < self.engine.context_size:
             if self.mask(logits) and self.close():
                 return "stop"
             token = self.choose(logits)
@@ -248,11 +248,11 @@ class _Loop:
             self.output.append(token)
             if matcher is not None and matcher.is_only_stop_allowed():
                 return "stop"
-            forced = self.forced(sampling.max_tokens - len(self.output), self.fed + 1)
+            forced = self.forced(self.sampling.max_tokens - len(self.output), self.fed + 1)
             self.output.extend(forced)
             if forced and matcher is not None and matcher.is_only_stop_allowed():
                 return "stop"
-            if len(self.output) >= sampling.max_tokens:
+            if len(self.output) >= self.sampling.max_tokens:
                 break  # no pass for logits nobody will read
             stopped = self.notify_output()
             if stopped:
@@ -261,8 +261,12 @@ class _Loop:
         return "length"
 
     def notify_output(self) -> str | None:
-        """Show the output to every listener; the first finish reason one of them gives."""
+        """Show the output to every listener; the first finish reason one of them gives.
+        A listener's lower budget (:meth:`StepListener.max_tokens`) becomes the loop's."""
         reasons = [listener.on_output(self.output) for listener in self.listeners]
+        budgets = [budget for listener in self.listeners if (budget := listener.max_tokens())]
+        if budgets and min(budgets) < self.sampling.max_tokens:
+            self.sampling = replace(self.sampling, max_tokens=max(min(budgets), len(self.output)))
         return next((reason for reason in reasons if reason), None)
 
     def forward(self, tokens: list[int]) -> np.ndarray:

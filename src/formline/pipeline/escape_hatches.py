@@ -103,18 +103,20 @@ def _admit_name(holder: dict[str, Any], reason: str, path: str) -> None:
     refused the key the hatch had asked for, silently).
 
     Raises:
-        SchemaError: a ``patternProperties`` pattern matches ``reason`` (its schema would
-            judge the free-text reason too).
+        SchemaError: a ``patternProperties`` pattern matches ``reason`` and its schema
+            refuses a free-text reason.
     """
     names = holder.get("propertyNames")
     if names is not None and not _is_valid(names, reason):
         holder["propertyNames"] = {"anyOf": [names, {"const": reason}]}
-    for pattern in holder.get("patternProperties") or {}:
+    for pattern, judge in (holder.get("patternProperties") or {}).items():
         try:
             matches = re.search(pattern, reason) is not None
         except re.error:  # an ECMA-only pattern: the compiler names it
             continue
-        if matches:
+        # One whose schema takes a free-text reason ({} or {"type": "string"}: a catch-all
+        # ".*") is no obstacle; it raised for every schema with one.
+        if matches and not _is_valid(judge, "what it is instead"):
             raise SchemaError(
                 f"field {path!r}: the reason property {reason!r} matches patternProperties "
                 f"{pattern!r}; name it otherwise (reason_field)"

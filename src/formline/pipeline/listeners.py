@@ -49,6 +49,13 @@ class StepListener:
         (``"timeout"``, ``"cancelled"``) stops the loop."""
         return None
 
+    def max_tokens(self) -> int | None:
+        """A lower output budget this listener holds the loop to from now (read after each
+        :meth:`on_output`; ``None``: the loop's own). The loop's closing policy then closes
+        the grammar within it (a ``formline_think`` answer keeps ``max_tokens`` to itself
+        once its rationale ends early)."""
+        return None
+
 
 class TokenFeed(StepListener):
     """Hands the tokens added since the last step to ``callback`` (streaming); a callback

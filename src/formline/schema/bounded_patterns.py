@@ -44,10 +44,18 @@ def bounded_validation(seconds: float = VALIDATION_SECONDS) -> Iterator[None]:
 
 @functools.cache
 def with_bounded_patterns(cls: Any) -> Any:
-    """The jsonschema validator class ``cls`` with ``pattern`` matched by :func:`search`
-    (a pattern it cannot read raises ``re.error`` from the validation); made once per
-    class."""
-    return extend(cls, {"pattern": _bounded_pattern})
+    """The jsonschema validator class ``cls`` with ``pattern``, and the keys'
+    ``patternProperties`` and ``additionalProperties``, matched by :func:`search` (a
+    pattern it cannot read raises ``re.error`` from the validation); made once per class.
+    """
+    return extend(
+        cls,
+        {
+            "pattern": _bounded_pattern,
+            "patternProperties": _bounded_pattern_properties,
+            "additionalProperties": _bounded_additional_properties,
+        },
+    )
 
 
 def search(pattern: str, text: str) -> bool:
@@ -85,3 +93,72 @@ def _bounded_pattern(
         raise re.error(f"the pattern {pattern!r} cannot be read: {error}") from error
     if not matched:
         yield ValidationError(f"{instance!r} does not match {pattern!r}")
+
+
+def _key_matches(pattern: str, key: str) -> bool | None:
+    """Whether ``pattern`` matches the key ``key``; ``None`` past the time.
+
+    Raises:
+        re.error: the pattern cannot be read."""
+    try:
+        return search(pattern, key)
+    except TimeoutError:
+        return None
+    except regex.error as error:
+        raise re.error(f"the pattern {pattern!r} cannot be read: {error}") from error
+
+
+def _undecided(pattern: str, key: str) -> ValidationError:
+    return ValidationError(
+        f"the pattern {pattern!r} was not decided on the key {key!r} within the check's time "
+        f"({PATTERN_SECONDS:g} s a pattern, {VALIDATION_SECONDS:g} s in all)"
+    )
+
+
+def _bounded_pattern_properties(
+    validator: Any, patterns: dict[str, Any], instance: Any, schema: Any
+) -> Iterator[ValidationError]:
+    """jsonschema's ``patternProperties``, its keys matched within the time (it ran
+    ``re.search`` on them: ``^(?!x)(a|a)*$`` on a 26-character key held the GIL 4.5 s)."""
+    if not validator.is_type(instance, "object"):
+        return
+    for pattern, subschema in patterns.items():
+        for key, value in instance.items():
+            matched = _key_matches(pattern, key)
+            if matched is None:
+                yield _undecided(pattern, key)
+            elif matched:
+                yield from validator.descend(value, subschema, path=key, schema_path=pattern)
+
+
+def _bounded_additional_properties(
+    validator: Any, additional: Any, instance: Any, schema: Any
+) -> Iterator[ValidationError]:
+    """jsonschema's ``additionalProperties`` (its messages too), the keys matched against
+    ``patternProperties`` within the time."""
+    if not validator.is_type(instance, "object"):
+        return
+    declared = schema.get("properties", {})
+    patterns = list(schema.get("patternProperties", {}))
+    extras = []
+    for key in instance:
+        if key in declared:
+            continue
+        verdicts = [_key_matches(pattern, key) for pattern in patterns]
+        if None in verdicts:
+            yield _undecided(patterns[verdicts.index(None)], key)
+        elif not any(verdicts):
+            extras.append(key)
+    if validator.is_type(additional, "object"):
+        for extra in extras:
+            yield from validator.descend(instance[extra], additional, path=extra)
+    elif not additional and extras:
+        names = ", ".join(repr(extra) for extra in sorted(extras, key=str))
+        if patterns:
+            verb = "does" if len(extras) == 1 else "do"
+            listed = ", ".join(repr(pattern) for pattern in sorted(patterns))
+            yield ValidationError(f"{names} {verb} not match any of the regexes: {listed}")
+        else:
+            verb = "was" if len(extras) == 1 else "were"
+            message = f"Additional properties are not allowed ({names} {verb} unexpected)"
+            yield ValidationError(message)

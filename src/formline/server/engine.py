@@ -351,7 +351,7 @@ class _AnswerBudget(StepListener):
     ended early left its tokens to the answer: max_tokens 5 gave an 85-token answer."""
 
     def __init__(self, tagged: TaggedMatcher, max_tokens: int, inner: StepListener | None):
-        self.tagged, self.max_tokens = tagged, max_tokens
+        self.tagged, self.answer_tokens = tagged, max_tokens
         self.inner = inner if inner is not None else StepListener()
 
     def on_start(self, prompt_tokens: int) -> None:
@@ -369,9 +369,16 @@ class _AnswerBudget(StepListener):
     def on_output(self, output: list[int]) -> str | None:
         if not self.tagged.is_answering:
             return self.inner.on_output(output)
-        cap = self.tagged.free_used + self.max_tokens
+        cap = self.tagged.free_used + self.answer_tokens
         reason = self.inner.on_output(output[:cap])
         return reason or ("length" if len(output) >= cap else None)
+
+    def max_tokens(self) -> int | None:
+        """Once the answer opens, the loop's budget is the rationale's tokens and
+        ``max_tokens``: its closing policy then closes the JSON within the answer's own
+        budget (cut at it afterwards, the answer came back as a fragment,
+        ``{"people":[{"name":"Ann","age":3``)."""
+        return self.tagged.free_used + self.answer_tokens if self.tagged.is_answering else None
 
 
 class _OpensOnStart(StepListener):

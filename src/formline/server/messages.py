@@ -22,13 +22,20 @@ ROLES.update({"assistant": "assistant", "tool": "tool"})
 # to leave out of the prompt (name: who speaks; tool_call_id: the call a result answers,
 # which the chat's order says; reasoning_content: the rationale of this server's own earlier
 # answer, echoed back, which was never part of the answer). Any other key was dropped
-# unread: {"role": "user", "contnet": "Hi"} answered an empty turn.
-_SPEAKER_KEYS = frozenset({"role", "content", "name"})
+# unread: {"role": "user", "contnet": "Hi"} answered an empty turn. OpenAI's own fields of
+# an earlier assistant answer pass (refusal, audio, annotations, the legacy function_call):
+# the openai client sends them back with the answer it got (annotations: []); a refusal
+# stands for an absent content. tool_calls is read on every role (an empty list passes; a
+# call on another role than the assistant's is refused by name).
+_SPEAKER_KEYS = frozenset({"role", "content", "name", "tool_calls"})
+ASSISTANT_ANSWER_KEYS = frozenset(
+    {"reasoning_content", "refusal", "audio", "annotations", "function_call"}
+)
 MESSAGE_KEYS: dict[str, frozenset[str]] = {
     "system": _SPEAKER_KEYS,
     "developer": _SPEAKER_KEYS,
     "user": _SPEAKER_KEYS,
-    "assistant": _SPEAKER_KEYS | {"tool_calls", "reasoning_content"},
+    "assistant": _SPEAKER_KEYS | ASSISTANT_ANSWER_KEYS,
     "tool": _SPEAKER_KEYS | {"tool_call_id"},
 }
 MAX_NESTING = 200  # JSON levels in a request body (and in the JSON texts inside it)
@@ -70,17 +77,21 @@ def parse_message(
             code="invalid_value",
         )  # fmt: skip
     refuse_unread(message, keys[role], where, f"a field of {role} messages")
-    for key in ("name", "tool_call_id", "reasoning_content"):
+    for key in ("name", "tool_call_id", "reasoning_content", "refusal"):
         if message.get(key) is not None and not isinstance(message[key], str):
             raise ApiError(
                 f"{where}.{key} must be a string", param=f"{where}.{key}", code="invalid_type"
             )
-    if message.get("content") is None and (role != "assistant" or not message.get("tool_calls")):
+    # An assistant's answer may hold calls, a legacy function_call or a refusal instead.
+    answered = any(message.get(key) for key in ("tool_calls", "function_call", "refusal"))
+    if message.get("content") is None and (role != "assistant" or not answered):
         raise ApiError(
             f"{where}.content is required" + ("" if role != "assistant" else " without tool_calls"),
             param=f"{where}.content", code="missing_required",
         )  # fmt: skip
     content = parse_content(message.get("content"), f"{where}.content")
+    if not content and role == "assistant" and message.get("refusal"):
+        content = message["refusal"]  # what the model said instead
     calls = _tool_calls(message.get("tool_calls"), role, f"{where}.tool_calls")
     if calls:
         content = (content + "\n" if content else "") + calls
