@@ -246,6 +246,7 @@ class _Loop:
             if self.closes_instead(token):
                 return "stop"
             self.output.append(token)
+            self.lower_budget()
             if matcher is not None and matcher.is_only_stop_allowed():
                 return "stop"
             forced = self.forced(self.sampling.max_tokens - len(self.output), self.fed + 1)
@@ -261,13 +262,18 @@ class _Loop:
         return "length"
 
     def notify_output(self) -> str | None:
-        """Show the output to every listener; the first finish reason one of them gives.
-        A listener's lower budget (:meth:`StepListener.max_tokens`) becomes the loop's."""
+        """Show the output to every listener; the first finish reason one of them gives."""
         reasons = [listener.on_output(self.output) for listener in self.listeners]
+        return next((reason for reason in reasons if reason), None)
+
+    def lower_budget(self) -> None:
+        """Take a listener's lower budget (:meth:`StepListener.max_tokens`) as the loop's,
+        right after a token is accepted: the step's forced tokens and the closing policy
+        then keep to it (read after them, a formline_think answer's forced tokens ran past
+        its own max_tokens)."""
         budgets = [budget for listener in self.listeners if (budget := listener.max_tokens())]
         if budgets and min(budgets) < self.sampling.max_tokens:
             self.sampling = replace(self.sampling, max_tokens=max(min(budgets), len(self.output)))
-        return next((reason for reason in reasons if reason), None)
 
     def forward(self, tokens: list[int]) -> np.ndarray:
         begun = time.perf_counter()

@@ -51,7 +51,7 @@ class StepListener:
 
     def max_tokens(self) -> int | None:
         """A lower output budget this listener holds the loop to from now (read after each
-        :meth:`on_output`; ``None``: the loop's own). The loop's closing policy then closes
+        accepted token; ``None``: the loop's own). The loop's closing policy then closes
         the grammar within it (a ``formline_think`` answer keeps ``max_tokens`` to itself
         once its rationale ends early)."""
         return None

@@ -50,7 +50,6 @@ from formline.server.constraints import plan_output
 from formline.server.errors import ApiError
 from formline.server.requests import ChatRequest, Limits
 from formline.server.tool_formats import FORMATS, ToolFormat, read_tagged
-from formline.vocab import Vocabulary
 
 log = logging.getLogger("formline.server")
 INVALID_FINISH = "error"  # the finish_reason of an answer that failed the after-check
@@ -254,8 +253,7 @@ class Engine:
             generation = decode(self.backend, prompt, matcher, sampling, watchers)
             if tagged is None:
                 return _Decoded(generation)
-            vocabulary = self.backend.vocabulary
-            return _answer_apart(generation, tagged, request.max_tokens, vocabulary)
+            return _answer_apart(generation, tagged)
         except ChatTemplateError as error:  # the template's own check refused the messages
             param = request.fields.messages
             raise ApiError(str(error), param=param, code="invalid_messages") from error
@@ -311,73 +309,31 @@ def _watchers(
     """The choice's listeners on the loop; under ``tagged`` (``formline_think``) its answer
     held to ``max_tokens`` tokens."""
     watchers: list[StepListener] = []
-    inner = None
     if listener is not None:  # opened once the prompt is known to fit: else a 400
-        watchers.append(_OpensOnStart(listener.start))
-        inner = listener.listener
+        watchers += [_OpensOnStart(listener.start), listener.listener]
     if tagged is not None:
-        watchers.append(_AnswerBudget(tagged, max_tokens, inner))
-    elif inner is not None:
-        watchers.append(inner)
+        watchers.append(_AnswerBudget(tagged, max_tokens))
     return watchers
 
 
-def _answer_apart(
-    generation: Generation, tagged: TaggedMatcher, max_tokens: int, vocabulary: Vocabulary
-) -> _Decoded:
-    """``generation`` without its rationale, its answer cut at ``max_tokens`` tokens
-    (``"length"``): the grammar's forced tokens come several in one step, past the
-    :class:`_AnswerBudget` that stops the loop at the next one."""
-    rationale_tokens = tagged.free_used
-    keep = rationale_tokens + max_tokens
-    if len(generation.token_ids) > keep:
-        tokens = generation.token_ids[:keep]
-        pieces, special = vocabulary.token_bytes, vocabulary.special_ids
-        data = b"".join(pieces[token] for token in tokens if token not in special)
-        finish = generation.finish_reason
-        generation = replace(
-            generation, token_ids=tokens, text=data.decode("utf-8", errors="replace"),
-            completion_tokens=keep, closing_tokens=0,
-            finish_reason=finish if finish in ("timeout", "cancelled") else "length",
-        )  # fmt: skip
+def _answer_apart(generation: Generation, tagged: TaggedMatcher) -> _Decoded:
+    """``generation`` without its rationale, the rationale and its tokens."""
     answer = without_rationale(generation, tagged.rationale_bytes)
-    return _Decoded(answer, tagged.rationale, rationale_tokens)
+    return _Decoded(answer, tagged.rationale, tagged.free_used)
 
 
 class _AnswerBudget(StepListener):
-    """Stops the loop (``"length"``) once the answer after a ``formline_think`` rationale
-    has ``max_tokens`` tokens, and shows ``inner`` (the choice's listener) none past them.
-    The loop's budget is the rationale's and the answer's together, so a rationale that
-    ended early left its tokens to the answer: max_tokens 5 gave an 85-token answer."""
+    """Holds the answer after a ``formline_think`` rationale to ``max_tokens`` tokens: once
+    it opens, the loop's budget is the rationale's tokens and ``max_tokens``, and its
+    closing policy closes the JSON within it. The loop's budget is the rationale's and the
+    answer's together, so a rationale that ended early left its tokens to the answer
+    (max_tokens 5 gave an 85-token answer); cut after the loop, the answer came back as a
+    fragment (``{"people":[{"name":"Ann","age":3``)."""
 
-    def __init__(self, tagged: TaggedMatcher, max_tokens: int, inner: StepListener | None):
+    def __init__(self, tagged: TaggedMatcher, max_tokens: int):
         self.tagged, self.answer_tokens = tagged, max_tokens
-        self.inner = inner if inner is not None else StepListener()
-
-    def on_start(self, prompt_tokens: int) -> None:
-        self.inner.on_start(prompt_tokens)
-
-    def on_logits(self, position: int, logits: Any, matcher: Any, forward_seconds: float) -> None:
-        self.inner.on_logits(position, logits, matcher, forward_seconds)
-
-    def on_masked(self, position: int, logits: Any, bitmask_row: Any) -> None:
-        self.inner.on_masked(position, logits, bitmask_row)
-
-    def on_token(self, position: int, token: int, matcher: Any) -> None:
-        self.inner.on_token(position, token, matcher)
-
-    def on_output(self, output: list[int]) -> str | None:
-        if not self.tagged.is_answering:
-            return self.inner.on_output(output)
-        cap = self.tagged.free_used + self.answer_tokens
-        reason = self.inner.on_output(output[:cap])
-        return reason or ("length" if len(output) >= cap else None)
 
     def max_tokens(self) -> int | None:
-        """Once the answer opens, the loop's budget is the rationale's tokens and
-        ``max_tokens``: its closing policy then closes the JSON within the answer's own
-        budget (cut at it afterwards, the answer came back as a fragment,
-        ``{"people":[{"name":"Ann","age":3``)."""
         return self.tagged.free_used + self.answer_tokens if self.tagged.is_answering else None
 
 
