@@ -205,6 +205,12 @@ class _Loop:
     ):
         self.engine, self.matcher, self.sampling = engine, matcher, sampling
         self.listeners = listeners
+        # The listeners that may lower the budget, found once (most loops have none).
+        self.budget_listeners = [
+            listener
+            for listener in listeners
+            if type(listener).max_tokens is not StepListener.max_tokens
+        ]
         self.rng = np.random.default_rng(sampling.seed)
         self.stop_ids = engine.vocabulary.eos_ids
         self.output: list[int] = []
@@ -271,7 +277,9 @@ class _Loop:
         right after a token is accepted: the step's forced tokens and the closing policy
         then keep to it (read after them, a formline_think answer's forced tokens ran past
         its own max_tokens)."""
-        budgets = [budget for listener in self.listeners if (budget := listener.max_tokens())]
+        budgets = [
+            budget for listener in self.budget_listeners if (budget := listener.max_tokens())
+        ]
         if budgets and min(budgets) < self.sampling.max_tokens:
             self.sampling = replace(self.sampling, max_tokens=max(min(budgets), len(self.output)))
 
