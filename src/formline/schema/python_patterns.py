@@ -237,10 +237,10 @@ class _RangeParser(EcmaScriptParser):
         repeats and the empty string).
 
         Raises:
-            GrammarError: nested past :data:`MAX_WRITE_DEPTH` (only chained quantifiers get
-                there: groups stop at 50)."""
+            GrammarError: nested past :data:`MAX_WRITE_DEPTH`, a guard: groups stop at 50
+                and a quantifier after another is refused ("multiple repeat")."""
         if depth > MAX_WRITE_DEPTH:
-            raise self.error("quantifiers chained too deeply to rewrite")
+            raise self.error("the pattern is nested too deeply to rewrite")
         if isinstance(node, RuleReference):
             return _class_text(self.sets[int(node.name)])
         if isinstance(node, Sequence):
